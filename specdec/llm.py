@@ -1,0 +1,218 @@
+"""LLM: the public Python API. Loads the models, builds the decoder for ``method``, and runs
+requests through the engine."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import psutil
+import torch
+
+from specdec import ops
+from specdec.decoders.autoregressive import AutoregressiveDecoder
+from specdec.decoders.base import Decoder
+from specdec.engine import Engine
+from specdec.model import Transformer, resolve_dtype
+from specdec.outputs import RequestOutput, aggregate_metrics, to_output
+from specdec.sampling import SamplingParams
+from specdec.sequence import Sequence
+from specdec.tokenizer import Tokenizer
+
+METHODS = ("ar", "sd", "ngram", "ssd")
+IMPLEMENTED = ("ar",)
+
+
+def available_methods() -> tuple[str, ...]:
+    return IMPLEMENTED
+
+
+DEFAULT_KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
+
+
+def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
+    """Pin this process to ``cores`` (one thread each) and set torch's and our thread count."""
+    if cores is not None:
+        cores = sorted(set(int(c) for c in cores))
+        available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        if not cores:
+            raise ValueError("cpu_cores is empty")
+        if available is not None and not set(cores) <= set(available):
+            raise ValueError(
+                f"cpu_cores {cores} not all available (this process may use {sorted(available)})"
+            )
+        os.sched_setaffinity(0, cores)
+        num_threads = num_threads or len(cores)
+    n = num_threads or torch.get_num_threads()
+    if n < 1:
+        raise ValueError(f"num_threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    ops.set_num_threads(n)
+    return n
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "qwen2.5-coder-1.5b",
+        draft_model: str | None = None,
+        method: str = "ar",
+        num_speculative_tokens: int | None = None,
+        dtype: str | torch.dtype = "auto",
+        device: str = "cpu",
+        num_threads: int | None = None,
+        cpu_cores: Seq[int] | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+    ):
+        from specdec.registry import resolve_model
+
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+        if method not in IMPLEMENTED:
+            raise NotImplementedError(
+                f"method {method!r} is not available yet (available: {', '.join(IMPLEMENTED)})"
+            )
+        self.method = method
+        self.device = torch.device(device)
+        self.num_threads = pin_cpu_cores(cpu_cores, num_threads)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model_path = Path(resolve_model(model))
+        self.tokenizer = Tokenizer(self.model_path)
+        self.target = Transformer.from_folder(self.model_path, self.dtype, device)
+        cfg = self.target.config
+        self.max_model_len = min(
+            max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
+        self.eos_token_ids = sorted(set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids))
+        self.decoder: Decoder = AutoregressiveDecoder(self.target, self.tokenizer.vocab_size)
+        self.max_num_seqs = max_num_seqs
+        self.engine = Engine(self.decoder)
+        self._last_metrics: dict = {}
+
+    # -- requests ----------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"prompt {index} must be a string or a list of token ids")
+        if not ids:
+            raise ValueError(f"prompt {index} is empty")
+        bad = [t for t in ids if not 0 <= t < self.target.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {index} has token ids outside the vocabulary: {bad[:5]}")
+        return ids
+
+    def _make_sequences(self, prompts, sampling_params) -> list[Sequence]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params[{i}] is not a SamplingParams")
+            ids = self._prompt_ids(prompt, i)
+            if len(ids) + p.max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; with max_tokens={p.max_tokens} that "
+                    f"exceeds the model's context of {self.max_model_len} tokens"
+                )
+            seqs.append(Sequence(ids, p, self.tokenizer, self.eos_token_ids))
+        return seqs
+
+    def _reserve(self, seqs: list[Sequence]) -> None:
+        if self.engine.has_work():
+            return
+        need_len = max(len(s.prompt_ids) + s.params.max_tokens for s in seqs)
+        per_row = need_len * self.decoder.bytes_per_token()
+        budget = int(psutil.virtual_memory().total * DEFAULT_KV_BUDGET)
+        rows = max(1, min(len(seqs), budget // max(per_row, 1)))
+        if self.max_num_seqs:
+            rows = min(rows, self.max_num_seqs)
+        self.decoder.ensure_capacity(rows, need_len)
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[int] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (batched); outputs come back in prompt order."""
+        seqs = self._make_sequences(prompts, sampling_params)
+        self._reserve(seqs)
+        t0 = time.perf_counter()
+        for s in seqs:
+            self.engine.add(s)
+        while self.engine.has_work():
+            self.engine.step()
+        outs = [to_output(s, self.method) for s in seqs]
+        self._last_metrics = aggregate_metrics(outs, time.perf_counter() - t0, self.method)
+        return outs
+
+    def generate_stream(
+        self, prompt: str | list[int], sampling_params: SamplingParams | None = None
+    ) -> Iterator[str]:
+        """Yield the text of one request piece by piece as it is generated."""
+        (seq,) = self._make_sequences([prompt], sampling_params)
+        self._reserve([seq])
+        t0 = time.perf_counter()
+        self.engine.add(seq)
+        try:
+            while self.engine.has_work():
+                self.engine.step()
+                piece = seq.take_new_text()
+                if piece:
+                    yield piece
+            piece = seq.take_new_text()
+            if piece:
+                yield piece
+        finally:
+            if not seq.finished:  # the consumer stopped early: free the request
+                self.engine.abort(seq.request_id)
+                while self.engine.has_work():
+                    self.engine.step()
+        self.last_output = to_output(seq, self.method)
+        self._last_metrics = aggregate_metrics(
+            [self.last_output], time.perf_counter() - t0, self.method
+        )
+
+    def chat_prompt(self, message: str | list[dict]) -> list[int]:
+        """Token ids of a chat conversation under the model's chat template."""
+        return self.tokenizer.apply_chat_template(message)
+
+    def metrics(self) -> dict:
+        """Aggregate metrics of the last ``generate``/``generate_stream`` call."""
+        return dict(self._last_metrics)
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        closer = getattr(self.decoder, "close", None)
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

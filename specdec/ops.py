@@ -1,0 +1,183 @@
+"""The three heavy operations of a decoder step, each with two implementations.
+
+On x86-64 CPUs our kernels (``specdec.kernels``) run them with fp32 activations over fp32,
+bf16 or int8 weights, batch-invariantly. Elsewhere (CUDA, other CPUs) plain torch does the same
+math in the model's dtype. The model calls only these functions, so it never needs to know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdec import kernels
+
+_threads = [max(1, torch.get_num_threads())]
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by our kernels (torch's own pool is set separately by the caller)."""
+    _threads[0] = max(1, int(n))
+
+
+def use_kernels(device: torch.device) -> bool:
+    return device.type == "cpu" and kernels.library() is not None
+
+
+@dataclass
+class LinearWeight:
+    """y = x @ weight.T * scale + bias, weight [out, in] in its storage dtype.
+
+    ``scale`` (per output row) is set only for int8 weights."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def to(self, device: torch.device) -> LinearWeight:
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return LinearWeight(move(self.weight), move(self.bias), move(self.scale))
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
+    lib = kernels.library() if x.device.type == "cpu" else None
+    w = lw.weight
+    if lib is None:
+        if w.dtype == torch.int8:
+            w = w.to(x.dtype) * lw.scale.to(x.dtype)[:, None]
+        b = None if lw.bias is None else lw.bias.to(x.dtype)
+        return F.linear(x.to(w.dtype), w, b).to(x.dtype)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous().float()
+    m, k = x2.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    args = (_ptr(x2), _ptr(w))
+    if w.dtype == torch.bfloat16:
+        lib.linear_bf16(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+    elif w.dtype == torch.float32:
+        lib.linear_f32(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+    elif w.dtype == torch.int8:
+        lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+    else:
+        raise TypeError(f"unsupported weight dtype {w.dtype}")
+    return y.view(*shape[:-1], n)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    lib = kernels.library() if x.device.type == "cpu" else None
+    if lib is None:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (weight.float() * xf).to(x.dtype)
+    x2 = x.contiguous().float()
+    y = torch.empty_like(x2)
+    d = x2.shape[-1]
+    lib.rmsnorm(_ptr(x2), _ptr(weight), _ptr(y), x2.numel() // d, d, float(eps), _threads[0])
+    return y
+
+
+def attend(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: torch.Tensor,
+    start: torch.Tensor,
+    num_new: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Append the new keys/values to the cache, then attend.
+
+    q [B,T,H,D], k_new/v_new [B,T,KVH,D], caches [R,KVH,S,D]; rows/start/num_new [B] (int64,
+    on the CPU). Query t of entry b sees cache slots <= start[b] + min(t, num_new[b]-1), or,
+    with ``mask`` [B,T,MS] (bool), exactly the slots where the mask is True.
+    Returns [B,T,H,D].
+    """
+    bsz, t_len, n_heads, d = q.shape
+    n_kv = k_new.shape[2]
+    s_max = k_cache.shape[2]
+    lib = kernels.library() if q.device.type == "cpu" else None
+    if lib is not None:
+        q, k_new, v_new = (t.contiguous().float() for t in (q, k_new, v_new))
+        out = torch.empty_like(q)
+        m = None if mask is None else mask.to(torch.uint8).contiguous()
+        lib.attend(
+            _ptr(q),
+            _ptr(k_new),
+            _ptr(v_new),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(rows),
+            _ptr(start),
+            _ptr(num_new),
+            _ptr(m),
+            0 if m is None else m.shape[-1],
+            _ptr(out),
+            bsz,
+            t_len,
+            n_heads,
+            n_kv,
+            d,
+            s_max,
+            float(scale),
+            _threads[0],
+        )
+        return out
+    return _attend_torch(q, k_new, v_new, k_cache, v_cache, rows, start, num_new, mask, scale)
+
+
+def _attend_torch(q, k_new, v_new, k_cache, v_cache, rows, start, num_new, mask, scale):
+    dev = q.device
+    bsz, t_len, n_heads, d = q.shape
+    ar = torch.arange(t_len)
+    valid = ar[None, :] < num_new[:, None]  # [B,T]
+    b_idx, t_idx = valid.nonzero(as_tuple=True)
+    slots = start[b_idx] + t_idx
+    r_idx = rows[b_idx]
+    k_cache[r_idx.to(dev), :, slots.to(dev)] = k_new[b_idx.to(dev), t_idx.to(dev)].to(k_cache.dtype)
+    v_cache[r_idx.to(dev), :, slots.to(dev)] = v_new[b_idx.to(dev), t_idx.to(dev)].to(v_cache.dtype)
+    if mask is None:
+        s_used = int((start + num_new).max())
+        last = start[:, None] + torch.minimum(ar[None, :], (num_new - 1)[:, None])  # [B,T]
+        mask = torch.arange(s_used)[None, None, :] <= last[:, :, None]
+    else:
+        s_used = mask.shape[-1]
+    keys = k_cache[rows.to(dev), :, :s_used]  # [B,KVH,S,D]
+    vals = v_cache[rows.to(dev), :, :s_used]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2).to(keys.dtype),
+        keys,
+        vals,
+        attn_mask=mask.to(dev)[:, None],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: silu(gate) * up for gate_up = [gate | up] along the last dimension."""
+    inter = gate_up.shape[-1] // 2
+    lib = kernels.library() if gate_up.device.type == "cpu" else None
+    if lib is None:
+        gate, up = gate_up.split(inter, dim=-1)
+        return F.silu(gate) * up
+    gu = gate_up.contiguous().float()
+    out = torch.empty(*gu.shape[:-1], inter, dtype=torch.float32)
+    lib.silu_mul(_ptr(gu), _ptr(out), gu.numel() // (2 * inter), inter, _threads[0])
+    return out

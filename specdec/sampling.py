@@ -1,0 +1,158 @@
+"""Sampling parameters and the one transform from logits to the distribution we sample.
+
+Every decoding method (AR, the SD verifier, every drafter) turns logits into probabilities
+with ``probabilities`` below, so the target's p and the draft's q are always defined the same
+way: temperature, then top-k, then top-p. Temperature 0 is greedy: the distribution is a point
+mass on the argmax, and the SD rejection rule then reduces to "accept while equal".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
+
+    def __post_init__(self):
+        def bad(msg: str):
+            raise ValueError(f"invalid sampling parameter: {msg}")
+
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            bad(f"temperature must be a number, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            bad(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            bad(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not (0 < self.top_p <= 1):
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            bad(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            bad(f"seed must be an integer, got {self.seed!r}")
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in stops):
+            bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        self.stop_strings = tuple(stops)
+        ids = list(self.stop_token_ids or [])
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+            bad(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        self.stop_token_ids = ids
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SequenceRNG:
+    """A request's own random stream: its seed alone decides its samples, whatever else is in
+    the batch. Unseeded requests draw a seed from the OS."""
+
+    def __init__(self, seed: int | None):
+        self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
+        self._rng = random.Random(self.seed)
+
+    def uniform(self) -> float:
+        return self._rng.random()
+
+    def uniforms(self, n: int) -> list[float]:
+        r = self._rng.random
+        return [r() for _ in range(n)]
+
+
+def _param_tensors(params: Sequence[SamplingParams], device) -> tuple[torch.Tensor, ...]:
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+    return temp, top_k, top_p
+
+
+def probabilities(
+    logits: torch.Tensor, params: Sequence[SamplingParams], vocab_size: int | None = None
+) -> torch.Tensor:
+    """The sampling distribution for each row of ``logits`` [N, ..., V] under ``params`` (one
+    per row N). Entries >= ``vocab_size`` (padding rows beyond the tokenizer) get 0.
+
+    Greedy rows are a point mass on the (first) argmax. Top-k keeps every token whose
+    probability reaches the k-th largest (ties kept); top-p keeps the most probable tokens
+    until their mass reaches top_p (always at least one; ties at the cut kept).
+    Returns fp32 (fp64 for fp64 input) probabilities of the same shape.
+    """
+    shape = logits.shape
+    n = shape[0]
+    x = logits.reshape(n, -1, shape[-1])
+    if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    if vocab_size is not None and vocab_size < x.shape[-1]:
+        x = x.clone()
+        x[..., vocab_size:] = -math.inf
+    temp, top_k, top_p = _param_tensors(params, x.device)
+    greedy = temp == 0
+    out = torch.empty_like(x)
+    if greedy.any():
+        g = x[greedy]
+        out[greedy] = torch.zeros_like(g).scatter_(-1, g.argmax(-1, keepdim=True), 1.0)
+    if (~greedy).any():
+        s = ~greedy
+        out[s] = _tempered(x[s], temp[s], top_k[s], top_p[s])
+    return out.reshape(shape)
+
+
+def _tempered(x, temp, top_k, top_p):
+    """Temperature, top-k, top-p for non-greedy rows. x [n, P, V]."""
+    x = x / temp[:, None, None].to(x.dtype)
+    vocab = x.shape[-1]
+    if (top_k > 0).any():
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+        kmax = int(k.max())
+        kth = x.topk(kmax, dim=-1).values.gather(
+            -1, (k - 1)[:, None, None].expand(-1, x.shape[1], 1)
+        )
+        x = x.masked_fill(x < kth, -math.inf)
+    probs = torch.softmax(x, dim=-1)
+    if (top_p < 1).any():
+        sorted_p = probs.sort(dim=-1, descending=True).values
+        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
+        keep = before < top_p[:, None, None].to(probs.dtype)
+        n_keep = keep.sum(-1, keepdim=True).clamp(min=1)
+        cut = sorted_p.gather(-1, n_keep - 1)
+        probs = torch.where(probs >= cut, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, uniforms: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: one token per row of ``probs`` [N, V] from one uniform in [0, 1)
+    per row. Never returns a token of probability 0."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.as_tensor(uniforms, dtype=torch.float64, device=probs.device)
+    target = (u * cdf[:, -1])[:, None]
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    idx = idx.clamp(max=probs.shape[-1] - 1)
+    # rounding at the very top of the CDF can land past the last non-zero entry: step back
+    zero = probs.gather(-1, idx[:, None]).squeeze(-1) <= 0
+    if zero.any():
+        last_nonzero = (probs > 0).cumsum(-1).argmax(-1)
+        idx = torch.where(zero, last_nonzero, idx)
+    return idx

@@ -1,0 +1,96 @@
+"""Tokenizer (Hugging Face tokenizers via transformers) and incremental detokenization."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.config import ModelConfig
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path):
+        from transformers import AutoTokenizer
+
+        folder = Path(folder)
+        if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer.model").exists():
+            raise ValueError(f"no tokenizer in {folder} (tokenizer.json or tokenizer.model)")
+        try:
+            self.hf = AutoTokenizer.from_pretrained(str(folder))
+        except Exception as exc:  # noqa: BLE001 - any failure here is a bad folder
+            raise ValueError(f"could not load the tokenizer in {folder}: {exc}") from exc
+        self.vocab_size = len(self.hf)
+        self.eos_token_ids = self._eos_ids(folder)
+
+    def _eos_ids(self, folder: Path) -> list[int]:
+        ids = set()
+        if self.hf.eos_token_id is not None:
+            ids.add(self.hf.eos_token_id)
+        for name in ("generation_config.json", "config.json"):
+            f = folder / name
+            if f.exists():
+                eos = json.loads(f.read_text()).get("eos_token_id")
+                ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return sorted(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, prompt: str | list[dict]) -> list[int]:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template")
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        return list(out)
+
+    def check_compatible(self, other: Tokenizer, cfg: ModelConfig, other_cfg: ModelConfig) -> None:
+        """A draft must speak the target's vocabulary: same tokens with the same ids. Extra
+        model rows beyond the tokenizer (padding) are fine; they are masked."""
+        mine, theirs = self.hf.get_vocab(), other.hf.get_vocab()
+        if mine != theirs:
+            diff = len(set(mine.items()) ^ set(theirs.items()))
+            raise ValueError(
+                f"the draft's tokenizer differs from the target's ({len(theirs)} vs {len(mine)} "
+                f"tokens, {diff} entries differ): speculative decoding needs a shared vocabulary"
+            )
+        for c, name in ((cfg, "target"), (other_cfg, "draft")):
+            if c.vocab_size < self.vocab_size:
+                raise ValueError(
+                    f"the {name} model has {c.vocab_size} output rows, fewer than the "
+                    f"tokenizer's {self.vocab_size} tokens"
+                )
+
+
+class Detokenizer:
+    """Turns a growing list of token ids into text deltas that never split a character.
+
+    Decodes a short window (from ``prefix`` to the end) and emits only what extends the
+    already-emitted decoding of ``prefix..read``; a trailing U+FFFD means an incomplete UTF-8
+    sequence, so it waits for the next token."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        full_text = self.tok.decode(self.ids[self._prefix :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return full_text[len(prefix_text) :]
+        return ""
+
+    def flush(self) -> str:
+        """What is left at the end (an incomplete character shows as U+FFFD)."""
+        prefix_text = self.tok.decode(self.ids[self._prefix : self._read])
+        full_text = self.tok.decode(self.ids[self._prefix :])
+        self._prefix = self._read = len(self.ids)
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""

@@ -1,0 +1,59 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """HF-format folder of the small real model, pulled into the user's normal cache
+    ($SPECDEC_HOME or ~/.cache/specdec) on first use and reused afterwards."""
+    from specdec.registry import SMALL_MODEL, resolve_model
+
+    return resolve_model(SMALL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Tiny random checkpoints (32-token vocabulary) of each supported family."""
+    from tiny_models import build
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "llama": build(root / "llama", "llama", seed=1),
+        "qwen2": build(root / "qwen2", "qwen2", seed=2),
+        "qwen3": build(root / "qwen3", "qwen3", seed=3),
+        "mistral": build(root / "mistral", "mistral", seed=4),
+        "llama3": build(
+            root / "llama3",
+            "llama",
+            seed=5,
+            attention_bias=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+        # a deliberately different model with the same tokenizer: the draft in SD tests
+        "draft": build(root / "draft", "llama", seed=11, hidden=32, layers=1, heads=2, kv_heads=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_dirs):
+    from specdec import LLM
+
+    return LLM(tiny_dirs["llama"], dtype="float32")
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """Force the plain-torch implementations of the heavy ops (as on CUDA or non-x86 CPUs)."""
+    from specdec import kernels
+
+    monkeypatch.setattr(kernels, "library", lambda: None)
