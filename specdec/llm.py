@@ -142,6 +142,22 @@ class LLM:
             seqs.append(Sequence(ids, p, self.tokenizer, self.eos_token_ids))
         return seqs
 
+    def make_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
+        """A validated request, ready for ``engine.add`` (for servers driving the engine)."""
+        (seq,) = self._make_sequences([prompt], params)
+        if request_id is not None:
+            seq.request_id = request_id
+        return seq
+
+    def reserve(self, max_num_seqs: int, max_len: int | None = None) -> None:
+        """Allocate caches for ``max_num_seqs`` concurrent requests of up to ``max_len`` tokens
+        (default: the model's context), as a server does once at start."""
+        self.decoder.ensure_capacity(
+            max_num_seqs, min(max_len or self.max_model_len, self.max_model_len)
+        )
+
     def _reserve(self, seqs: list[Sequence]) -> None:
         if self.engine.has_work():
             return
