@@ -54,7 +54,8 @@ class Engine:
             self.decoder.prefill(admitted)
             self.running.extend(admitted)
             touched.extend(admitted)
-        active = [s for s in self.running if not s.finished and s not in admitted]
+        new = {id(s) for s in admitted}
+        active = [s for s in self.running if not s.finished and id(s) not in new]
         if active:
             self.decoder.round(active)
             touched.extend(active)

@@ -13,17 +13,21 @@ import psutil
 import torch
 
 from specdec import ops
+from specdec.controller import SpeculationController
 from specdec.decoders.autoregressive import AutoregressiveDecoder
 from specdec.decoders.base import Decoder
+from specdec.decoders.speculative import SpeculativeDecoder
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.model import Transformer, resolve_dtype
 from specdec.outputs import RequestOutput, aggregate_metrics, to_output
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
-from specdec.tokenizer import Tokenizer
+from specdec.tokenizer import Tokenizer, check_draft_compatible
 
 METHODS = ("ar", "sd", "ngram", "ssd")
-IMPLEMENTED = ("ar",)
+IMPLEMENTED = ("ar", "sd", "ngram")
 
 
 def available_methods() -> tuple[str, ...]:
@@ -67,6 +71,9 @@ class LLM:
         cpu_cores: Seq[int] | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
+        max_speculative_tokens: int = 8,
+        ngram_max: int = 3,
+        ngram_min: int = 1,
     ):
         from specdec.registry import resolve_model
 
@@ -88,10 +95,46 @@ class LLM:
             max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
         )
         self.eos_token_ids = sorted(set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids))
-        self.decoder: Decoder = AutoregressiveDecoder(self.target, self.tokenizer.vocab_size)
+        self.draft_path: Path | None = None
+        self.decoder: Decoder = self._build_decoder(
+            method,
+            draft_model,
+            num_speculative_tokens,
+            max_speculative_tokens,
+            ngram_max,
+            ngram_min,
+        )
         self.max_num_seqs = max_num_seqs
         self.engine = Engine(self.decoder)
         self._last_metrics: dict = {}
+
+    def _build_decoder(self, method, draft_model, num_spec, k_max, ngram_max, ngram_min):
+        from specdec.registry import resolve_model
+
+        vocab = self.tokenizer.vocab_size
+        if method == "ar":
+            if draft_model is not None:
+                raise ValueError("method 'ar' takes no draft_model (did you mean method='sd'?)")
+            return AutoregressiveDecoder(self.target, vocab)
+        if num_spec is not None and (
+            isinstance(num_spec, bool) or not isinstance(num_spec, int) or num_spec < 1
+        ):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_spec!r}")
+        if not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"max_speculative_tokens must be an integer >= 1, got {k_max!r}")
+        controller = SpeculationController(k_max=k_max, fixed_k=num_spec)
+        if method == "ngram":
+            if draft_model is not None:
+                raise ValueError("method 'ngram' drafts by prompt lookup and takes no draft_model")
+            drafter = NgramDrafter(self.target.config.vocab_size, ngram_max, ngram_min)
+            return SpeculativeDecoder(self.target, vocab, drafter, controller, method="ngram")
+        if draft_model is None:
+            raise ValueError(f"method {method!r} needs a draft_model")
+        self.draft_path = Path(resolve_model(draft_model))
+        draft = Transformer.from_folder(self.draft_path, self.dtype, str(self.device))
+        check_draft_compatible(self.tokenizer, self.target.config, self.draft_path, draft.config)
+        drafter = DraftModelDrafter(draft, self.target.config.vocab_size, vocab)
+        return SpeculativeDecoder(self.target, vocab, drafter, controller, method=method)
 
     # -- requests ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:

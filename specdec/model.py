@@ -75,6 +75,7 @@ class Transformer:
         return KVCache(self.config, max_rows, max_len, self.device, self.act_dtype)
 
     def _rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin tables [P, head_dim] covering ``positions`` (grown on demand)."""
         need = int(positions.max()) + 1
         if need > self._cos.shape[0]:
             n = max(need, 2 * self._cos.shape[0], 1024)
@@ -82,14 +83,7 @@ class Transformer:
             angles = torch.cat([angles, angles], dim=-1)
             self._cos = angles.cos().to(self.device, self.act_dtype)
             self._sin = angles.sin().to(self.device, self.act_dtype)
-        pos = positions.to(self.device)
-        return self._cos[pos][:, :, None, :], self._sin[pos][:, :, None, :]
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return self._cos, self._sin
 
     # -- the forward pass ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -135,7 +129,7 @@ class Transformer:
             if cfg.qk_norm:
                 q = ops.rmsnorm(q, layer["q_norm"], cfg.rms_norm_eps)
                 k = ops.rmsnorm(k, layer["k_norm"], cfg.rms_norm_eps)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k = ops.rope(q, positions, cos, sin), ops.rope(k, positions, cos, sin)
             attn = ops.attend(
                 q, k, v, cache.k[i], cache.v[i], rows, start, num_new, attn_mask, scale
             )

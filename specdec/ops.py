@@ -181,3 +181,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*gu.shape[:-1], inter, dtype=torch.float32)
     lib.silu_mul(_ptr(gu), _ptr(out), gu.numel() // (2 * inter), inter, _threads[0])
     return out
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding of x [B,T,H,D] at positions [B,T] from tables [P,D] (rotate-half
+    convention: the first and second halves of each head form the pairs)."""
+    lib = kernels.library() if x.device.type == "cpu" else None
+    if lib is None:
+        pos = positions.to(x.device)
+        c, s = cos[pos][:, :, None, :], sin[pos][:, :, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * c + rotated * s
+    out = x.float()
+    out = out.contiguous() if not out.is_contiguous() else out.clone()  # rotated in place
+    pos = positions.contiguous().long()
+    b, t, h, d = out.shape
+    lib.rope(_ptr(out), _ptr(pos), _ptr(cos), _ptr(sin), b * t, h, d, _threads[0])
+    return out

@@ -48,23 +48,6 @@ class Tokenizer:
             out = out["input_ids"]
         return list(out)
 
-    def check_compatible(self, other: Tokenizer, cfg: ModelConfig, other_cfg: ModelConfig) -> None:
-        """A draft must speak the target's vocabulary: same tokens with the same ids. Extra
-        model rows beyond the tokenizer (padding) are fine; they are masked."""
-        mine, theirs = self.hf.get_vocab(), other.hf.get_vocab()
-        if mine != theirs:
-            diff = len(set(mine.items()) ^ set(theirs.items()))
-            raise ValueError(
-                f"the draft's tokenizer differs from the target's ({len(theirs)} vs {len(mine)} "
-                f"tokens, {diff} entries differ): speculative decoding needs a shared vocabulary"
-            )
-        for c, name in ((cfg, "target"), (other_cfg, "draft")):
-            if c.vocab_size < self.vocab_size:
-                raise ValueError(
-                    f"the {name} model has {c.vocab_size} output rows, fewer than the "
-                    f"tokenizer's {self.vocab_size} tokens"
-                )
-
 
 class Detokenizer:
     """Turns a growing list of token ids into text deltas that never split a character.
@@ -94,3 +77,26 @@ class Detokenizer:
         full_text = self.tok.decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+
+def check_draft_compatible(
+    target_tok: Tokenizer, target_cfg: ModelConfig, draft_folder: Path, draft_cfg: ModelConfig
+) -> None:
+    """A draft must speak the target's vocabulary: the same tokens with the same ids. Model
+    rows beyond the tokenizer (padding) are fine: they are masked in both distributions."""
+    has_tokenizer = any((draft_folder / f).exists() for f in ("tokenizer.json", "tokenizer.model"))
+    if has_tokenizer:
+        draft_tok = Tokenizer(draft_folder)
+        mine, theirs = target_tok.hf.get_vocab(), draft_tok.hf.get_vocab()
+        if mine != theirs:
+            diff = len(set(mine.items()) ^ set(theirs.items()))
+            raise ValueError(
+                f"the draft's tokenizer differs from the target's ({len(theirs)} vs {len(mine)} "
+                f"tokens, {diff} entries differ): speculative decoding needs a shared vocabulary"
+            )
+    for cfg, name in ((target_cfg, "target"), (draft_cfg, "draft")):
+        if cfg.vocab_size < target_tok.vocab_size:
+            raise ValueError(
+                f"the {name} model has {cfg.vocab_size} output rows, fewer than the "
+                f"tokenizer's {target_tok.vocab_size} tokens: not the same vocabulary"
+            )

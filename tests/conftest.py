@@ -41,6 +41,18 @@ def tiny_dirs(tmp_path_factory):
         ),
         # a deliberately different model with the same tokenizer: the draft in SD tests
         "draft": build(root / "draft", "llama", seed=11, hidden=32, layers=1, heads=2, kv_heads=1),
+        # 16-token vocabularies: exact enumeration of 4-token continuations stays small
+        "v16": build(root / "v16", "llama", seed=21, vocab_size=16),
+        "v16_draft": build(
+            root / "v16_draft",
+            "llama",
+            seed=22,
+            vocab_size=16,
+            hidden=32,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+        ),
     }
 
 

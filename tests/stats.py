@@ -16,25 +16,26 @@ def exact_sequence_probs(
     folder, prompt: list[int], params: SamplingParams, length: int, eos: set[int] | None = None
 ) -> dict[tuple[int, ...], float]:
     """P(first ``length`` generated tokens) under the target's own distribution, by
-    enumeration (fp64 accumulation). Sequences ending in EOS stop early."""
+    enumeration of every prefix (fp64 products). Sequences ending in EOS stop early."""
     model = Transformer.from_folder(folder)
-    eos = eos or set()
+    eos_t = torch.tensor(sorted(eos or []), dtype=torch.int64)
     out: dict[tuple[int, ...], float] = {}
-    frontier = {(): 1.0}
-    for _ in range(length):
-        prefixes = list(frontier)
-        cache = model.new_cache(len(prefixes), len(prompt) + length + 2)
-        tokens = torch.tensor([prompt + list(p) for p in prefixes])
-        logits = model.forward(tokens, cache)[:, -1]
-        probs = probabilities(logits, [params] * len(prefixes)).double()
-        nxt = {}
-        for prefix, row in zip(prefixes, probs):
-            for tok in row.nonzero().flatten().tolist():
-                q = frontier[prefix] * float(row[tok])
-                seq = prefix + (tok,)
-                (out if tok in eos else nxt)[seq] = q
-        frontier = nxt
-    out.update(frontier)
+    seqs = torch.zeros(1, 0, dtype=torch.int64)  # live prefixes
+    mass = torch.ones(1, dtype=torch.float64)
+    for step in range(length):
+        n = seqs.shape[0]
+        cache = model.new_cache(n, len(prompt) + length + 2)
+        tokens = torch.cat([torch.tensor(prompt).expand(n, -1), seqs], 1)
+        logits = model.forward(tokens, cache, logits_at=torch.full((n, 1), tokens.shape[1] - 1))
+        probs = probabilities(logits[:, 0].double(), [params] * n)
+        joint = mass[:, None] * probs  # [n, V]
+        rows, toks = joint.nonzero(as_tuple=True)
+        seqs = torch.cat([seqs[rows], toks[:, None]], 1)
+        mass = joint[rows, toks]
+        ended = torch.isin(toks, eos_t) | (step == length - 1)
+        for seq, m in zip(seqs[ended].tolist(), mass[ended].tolist()):
+            out[tuple(seq)] = m
+        seqs, mass = seqs[~ended], mass[~ended]
     return out
 
 

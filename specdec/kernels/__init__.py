@@ -35,6 +35,7 @@ _SIGNATURES = {
     "linear_i8": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
     "rmsnorm": [_P, _P, _P, _L, _L, _F, _I],
     "silu_mul": [_P, _P, _L, _L, _I],
+    "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
 }
 

@@ -150,6 +150,25 @@ static void silu_mul_rows(const float *gu, float *out, long R, long I, int nt) {
     }
 }
 
+// ---- rotary embedding, in place: x [R,H,D] with one position per row --------------------
+// out[d] = x[d]*cos[d] - x[d+D/2]*sin[d];  out[d+D/2] = x[d+D/2]*cos[d+D/2] + x[d]*sin[d+D/2]
+static void rope_rows(float *x, const int64_t *pos, const float *cos_t, const float *sin_t,
+                      long R, long H, long D, int nt) {
+    const long half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * H > 64)
+    for (long r = 0; r < R; r++) {
+        const float *c = cos_t + pos[r] * D, *s = sin_t + pos[r] * D;
+        for (long h = 0; h < H; h++) {
+            float *v = x + (r * H + h) * D;
+            for (long d = 0; d < half; d++) {
+                const float x1 = v[d], x2 = v[d + half];
+                v[d] = x1 * c[d] + (-x2) * s[d];
+                v[d + half] = x2 * c[d + half] + x1 * s[d + half];
+            }
+        }
+    }
+}
+
 // ---- attention over the KV cache, with the new keys/values appended first ------------------
 // q: [B,T,H,D]; knew/vnew: [B,T,KVH,D]; caches: [R,KVH,S,D]; rows/start/nnew: [B].
 // Query t of batch entry b sees cache slots s <= start[b] + min(t, nnew[b]-1) (causal over
@@ -235,6 +254,10 @@ void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps
 }
 void silu_mul(const float *gu, float *out, long R, long I, int nt) {
     silu_mul_rows(gu, out, R, I, nt);
+}
+void rope(float *x, const int64_t *pos, const float *cos_t, const float *sin_t, long R, long H,
+          long D, int nt) {
+    rope_rows(x, pos, cos_t, sin_t, R, H, D, nt);
 }
 void attend(const float *q, const float *knew, const float *vnew, float *kc, float *vc,
             const int64_t *rows, const int64_t *start, const int64_t *nnew, const uint8_t *mask,

@@ -1,0 +1,683 @@
+"""The side-by-side benchmark: every method decodes the same prompts on the same cores.
+
+Rows are ``MethodSpec``s in ``METHODS``; a row runs when its method is available here (ours: in
+``specdec.llm.available_methods()``). Adding one is one line, e.g.::
+
+    MethodSpec("sd-k8", "ours", {"method": "sd", "draft_model": DRAFT, "num_speculative_tokens": 8})
+
+Three kinds of row:
+
+- ``ours``: our engine, ``LLM(model, dtype=..., num_threads=..., **kwargs)``;
+- ``hf``: transformers ``generate`` on the same HF-format folder, dtype and thread count
+  (``assistant_model`` in kwargs makes it assisted generation with the draft);
+- ``llamacpp``: llama-cpp-python's autoregressive decoding of the model's GGUF file. Only when
+  ``import llama_cpp`` works; install it with ``pip install llama-cpp-python`` (a source build:
+  about 5 minutes with gcc and cmake).
+
+Fairness. Every method starts from the same prompt token ids (tokenized once with our tokenizer,
+chat template applied where the prompt asks for it) and generates exactly ``--max-tokens`` new
+tokens, ignoring EOS: ours via ``SamplingParams(ignore_eos=True)``, transformers with
+``eos_token_id=None`` in its generation config (and repetition penalty 1), llama.cpp through
+``Llama.generate``, which never stops by itself (repeat penalty 1). Each model is loaded once per
+method and warmed up with one short generation that is not measured.
+
+Decode tokens/s excludes the prefill the same way for every method: the tokens that arrive after
+the first emitted chunk, divided by the time from that first emission to the last token. Ours
+report it as ``metrics["decode_tokens_per_s"]`` ((n-1) / (finish - first token)); the peers are
+timed with a streamer (transformers) or at each yielded token (llama.cpp). End-to-end tokens/s
+is n / (whole generate call, prefill included). Per prompt we take the median over repeats, per
+prompt type the median over prompts. Speculative rows also record acceptance and tokens per
+round (ours from their metrics; ``hf-assisted`` only tokens per target pass, from the streamer).
+
+"same as AR" compares a method's token ids with our greedy AR's for the same prompt (for ``ar``
+itself: whether its repeats agree). It is only meaningful at temperature 0 and needs ``ar`` in
+the run; small differences are expected where the arithmetic differs (transformers in bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+PROMPTS_FILE = Path(__file__).with_name("prompts.json")
+PROMPT_TYPES = ("code", "prose", "chat")
+DRAFT = "<draft>"  # placeholder in a row's kwargs, replaced by --draft-model
+QUICK = {"max_tokens": 8, "repeats": 1, "prompts_per_type": 1}
+DEFAULTS = {"max_tokens": 128, "repeats": 3, "prompts_per_type": 2}
+WARMUP_PROMPT_TOKENS = 16
+WARMUP_NEW_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One row of the benchmark: a label, the kind of engine, and its keyword arguments (for
+    ``ours`` exactly the ``LLM`` kwargs; ``DRAFT`` stands for the ``--draft-model``)."""
+
+    label: str
+    kind: str  # "ours" | "hf" | "llamacpp"
+    kwargs: dict = field(default_factory=dict)
+    note: str = ""
+
+
+METHODS: tuple[MethodSpec, ...] = (
+    MethodSpec("ar", "ours", {"method": "ar"}, "our engine, autoregressive"),
+    MethodSpec("sd", "ours", {"method": "sd", "draft_model": DRAFT}, "speculative, adaptive K"),
+    MethodSpec(
+        "sd-k4",
+        "ours",
+        {"method": "sd", "draft_model": DRAFT, "num_speculative_tokens": 4},
+        "speculative, K=4",
+    ),
+    MethodSpec("ngram", "ours", {"method": "ngram"}, "prompt-lookup drafting"),
+    MethodSpec("ssd", "ours", {"method": "ssd", "draft_model": DRAFT}, "speculative speculative"),
+    MethodSpec("hf", "hf", {}, "transformers generate"),
+    MethodSpec("hf-assisted", "hf", {"assistant_model": DRAFT}, "transformers assisted generation"),
+    MethodSpec("llamacpp", "llamacpp", {}, "llama-cpp-python on the GGUF file"),
+)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    labels = ", ".join(m.label for m in METHODS)
+    p.add_argument("--model", default=DEFAULT_TARGET, help="target: alias, HF folder or .gguf")
+    p.add_argument("--draft-model", default=DEFAULT_DRAFT, help="draft for the speculative rows")
+    p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=2, help="threads for every method (default 2)")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="new tokens per run (default 128; quick 8)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None, help="runs per prompt, median kept (default 3)"
+    )
+    p.add_argument("--types", default=",".join(PROMPT_TYPES), help="prompt types, comma list")
+    p.add_argument(
+        "--prompts-per-type", type=int, default=None, help="prompts of each type (default 2)"
+    )
+    p.add_argument(
+        "--methods", default=None, help=f"comma list of {labels} (default: all available)"
+    )
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke test: 8 tokens, 1 prompt per type, 1 repeat"
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=0, help="seed when temperature > 0")
+
+
+def _settle(args: argparse.Namespace) -> None:
+    """Fill the size settings the user left unset (quick or full defaults) and check them."""
+    base = QUICK if args.quick else DEFAULTS
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("max_tokens", "repeats", "prompts_per_type", "threads"):
+        if getattr(args, key) < 1:
+            raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+
+
+# ----------------------------------------------------------------------------- method rows
+
+
+def unavailable_reason(spec: MethodSpec, model: str) -> str | None:
+    """Why ``spec`` cannot run here, or None."""
+    if spec.kind == "ours":
+        from specdec.llm import available_methods
+
+        if spec.kwargs["method"] not in available_methods():
+            return f"method {spec.kwargs['method']!r} is not implemented yet"
+    elif spec.kind == "llamacpp":
+        if importlib.util.find_spec("llama_cpp") is None:
+            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+        from specdec.registry import gguf_path
+
+        try:
+            path = gguf_path(model)
+        except ValueError as exc:
+            return str(exc)
+        if path is None:
+            return f"no GGUF file behind {model} (give an alias or a .gguf file)"
+    return None
+
+
+def select_methods(text: str | None, model: str) -> list[MethodSpec]:
+    """The rows to run, our ``ar`` first (it is the reference for "same as AR")."""
+    by_label = {m.label: m for m in METHODS}
+    why = {m.label: unavailable_reason(m, model) for m in METHODS}
+    available = [m.label for m in METHODS if why[m.label] is None]
+    if text is None:
+        chosen = available
+    else:
+        chosen = [s.strip() for s in text.split(",") if s.strip()]
+        if not chosen:
+            raise ValueError(f"--methods is empty; available: {', '.join(available)}")
+        for label in chosen:
+            if label not in by_label:
+                raise ValueError(
+                    f"unknown method {label!r}: available here: {', '.join(available)}"
+                    f" (all rows: {', '.join(by_label)})"
+                )
+            if why[label] is not None:
+                raise ValueError(
+                    f"method {label!r} cannot run here: {why[label]}; "
+                    f"available: {', '.join(available)}"
+                )
+        chosen = list(dict.fromkeys(chosen))
+    chosen.sort(key=lambda label: label != "ar")
+    return [by_label[label] for label in chosen]
+
+
+def _fill_draft(kwargs: dict, draft: str) -> dict:
+    return {k: (draft if v == DRAFT else v) for k, v in kwargs.items()}
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def load_prompts(types: list[str], per_type: int) -> list[dict]:
+    """The first ``per_type`` prompts of each type, each with an id like ``code-0``."""
+    entries = json.loads(PROMPTS_FILE.read_text())
+    known = sorted({e["type"] for e in entries})
+    out = []
+    for t in types:
+        if t not in known:
+            raise ValueError(f"unknown prompt type {t!r}: choose from {', '.join(known)}")
+        of_type = [e for e in entries if e["type"] == t][:per_type]
+        out += [dict(e, id=f"{t}-{i}") for i, e in enumerate(of_type)]
+    return out
+
+
+def encode_prompts(prompts: list[dict], folder: Path) -> list[list[int]]:
+    from specdec.tokenizer import Tokenizer
+
+    tok = Tokenizer(folder)
+    return [tok.apply_chat_template(p["prompt"]) if p["chat"] else tok.encode(p["prompt"])
+            for p in prompts]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+@dataclass
+class RunResult:
+    token_ids: list[int]
+    decode_tokens_per_s: float | None
+    e2e_tokens_per_s: float
+    ttft_s: float | None
+    extra: dict = field(default_factory=dict)  # acceptance_rate, mean_tokens_per_round
+
+
+def _decode_rate(t_start: float, chunks: list[tuple[float, int]]) -> tuple[float | None, ...]:
+    """(decode tokens/s, time to first token) from (timestamp, tokens) of each emitted chunk."""
+    if not chunks:
+        return None, None
+    ttft = chunks[0][0] - t_start
+    later = sum(n for _, n in chunks[1:])
+    span = chunks[-1][0] - chunks[0][0]
+    return (later / span if later and span > 0 else None), ttft
+
+
+class OursEngine:
+    def __init__(self, spec: MethodSpec, args, max_len: int):
+        from specdec import LLM
+
+        self.llm = LLM(
+            model=args.model,
+            dtype=args.dtype,
+            num_threads=args.threads,
+            max_model_len=max_len,
+            **_fill_draft(spec.kwargs, args.draft_model),
+        )
+
+    def run(self, ids: list[int], n: int, temperature: float, seed: int) -> RunResult:
+        from specdec import SamplingParams
+
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=n,
+            ignore_eos=True,
+            seed=seed if temperature else None,
+        )
+        t0 = time.perf_counter()
+        (out,) = self.llm.generate(ids, params)
+        wall = time.perf_counter() - t0
+        m = out.metrics
+        extra = {k: m[k] for k in ("acceptance_rate", "mean_tokens_per_round") if k in m}
+        return RunResult(
+            out.token_ids,
+            m.get("decode_tokens_per_s"),
+            len(out.token_ids) / wall,
+            m.get("time_to_first_token_s"),
+            extra,
+        )
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class _ChunkClock:
+    """A transformers streamer that only timestamps what ``generate`` emits (the first
+    ``put`` is the prompt itself)."""
+
+    def __init__(self):
+        self.chunks: list[tuple[float, int]] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        now = time.perf_counter()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.chunks.append((now, int(value.numel())))
+
+    def end(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _quiet_hf_loading():
+    """No "Loading weights" bars from transformers under our own progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+class HFEngine:
+    def __init__(self, spec: MethodSpec, args, max_len: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from specdec.model import resolve_dtype
+        from specdec.registry import resolve_model
+
+        torch.set_num_threads(args.threads)
+        dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+        kwargs = _fill_draft(spec.kwargs, args.draft_model)
+        draft = kwargs.get("assistant_model")
+        with _quiet_hf_loading():
+            self.model = AutoModelForCausalLM.from_pretrained(
+                resolve_model(args.model), dtype=dtype
+            )
+            self.assistant = (
+                AutoModelForCausalLM.from_pretrained(resolve_model(draft), dtype=dtype)
+                if draft
+                else None
+            )
+        self.model.eval()
+        if self.assistant is not None:
+            self.assistant.eval()
+
+    def _config(self, n: int, temperature: float):
+        cfg = self.model.generation_config.__class__(**self.model.generation_config.to_dict())
+        cfg.eos_token_id = None  # generate exactly n tokens
+        cfg.max_new_tokens, cfg.min_new_tokens, cfg.max_length = n, None, None
+        cfg.repetition_penalty, cfg.no_repeat_ngram_size = 1.0, 0
+        cfg.do_sample = temperature > 0
+        cfg.temperature = temperature if temperature > 0 else None
+        cfg.top_k, cfg.top_p = None, None
+        if cfg.pad_token_id is None:
+            cfg.pad_token_id = 0
+        return cfg
+
+    def run(self, ids: list[int], n: int, temperature: float, seed: int) -> RunResult:
+        import torch
+
+        if temperature:
+            torch.manual_seed(seed)
+        clock = _ChunkClock()
+        x = torch.tensor([ids])
+        extra_kwargs = {"assistant_model": self.assistant} if self.assistant is not None else {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                generation_config=self._config(n, temperature),
+                streamer=clock,
+                **extra_kwargs,
+            )
+        wall = time.perf_counter() - t0
+        new = out[0, len(ids) :].tolist()
+        decode, ttft = _decode_rate(t0, clock.chunks)
+        extra = {}
+        if self.assistant is not None and clock.chunks:
+            extra["mean_tokens_per_round"] = len(new) / len(clock.chunks)
+        return RunResult(new, decode, len(new) / wall, ttft, extra)
+
+    def close(self) -> None:
+        self.model = self.assistant = None
+
+
+class LlamaCppEngine:
+    """llama-cpp-python (``pip install llama-cpp-python``): autoregressive decoding of the GGUF
+    file behind ``--model``, fed our prompt token ids, greedy at temperature 0."""
+
+    def __init__(self, spec: MethodSpec, args, max_len: int):
+        from llama_cpp import Llama
+
+        from specdec.registry import gguf_path
+
+        self.llm = Llama(
+            model_path=str(gguf_path(args.model)),
+            n_ctx=max_len,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            seed=args.seed,
+            verbose=False,
+            **spec.kwargs,
+        )
+
+    def run(self, ids: list[int], n: int, temperature: float, seed: int) -> RunResult:
+        self.llm.reset()  # no reuse of the previous run's KV cache: every run pays its prefill
+        tokens: list[int] = []
+        chunks: list[tuple[float, int]] = []
+        t0 = time.perf_counter()
+        gen = self.llm.generate(
+            ids,
+            temp=temperature,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            typical_p=1.0,
+            repeat_penalty=1.0,
+            reset=True,
+        )
+        for tok in gen:  # Llama.generate never stops at EOS: we stop after n tokens
+            tokens.append(int(tok))
+            chunks.append((time.perf_counter(), 1))
+            if len(tokens) == n:
+                break
+        gen.close()
+        wall = time.perf_counter() - t0
+        decode, ttft = _decode_rate(t0, chunks)
+        return RunResult(tokens, decode, len(tokens) / wall, ttft)
+
+    def close(self) -> None:
+        closer = getattr(self.llm, "close", None)
+        if closer is not None:
+            closer()
+        self.llm = None
+
+
+ENGINES = {"ours": OursEngine, "hf": HFEngine, "llamacpp": LlamaCppEngine}
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize_prompt(prompt: dict, n_prompt: int, runs: list[RunResult], ref: list[int] | None):
+    """Median over repeats for one prompt, and its agreement with our AR's tokens."""
+    first = runs[0].token_ids
+    diffs = [_first_diff(r.token_ids, ref) for r in runs] if ref is not None else []
+    extra_keys = sorted({k for r in runs for k in r.extra})
+    return {
+        "id": prompt["id"],
+        "type": prompt["type"],
+        "chat": prompt["chat"],
+        "prompt_tokens": n_prompt,
+        "generated_tokens": len(first),
+        "decode_tokens_per_s": _median(r.decode_tokens_per_s for r in runs),
+        "e2e_tokens_per_s": _median(r.e2e_tokens_per_s for r in runs),
+        "ttft_s": _median(r.ttft_s for r in runs),
+        **{k: _median(r.extra.get(k) for r in runs) for k in extra_keys},
+        "same_as_ar": all(d is None for d in diffs) if ref is not None else None,
+        "first_diff_from_ar": next((d for d in diffs if d is not None), None),
+        "runs": [
+            {
+                "decode_tokens_per_s": r.decode_tokens_per_s,
+                "e2e_tokens_per_s": r.e2e_tokens_per_s,
+                "ttft_s": r.ttft_s,
+                **r.extra,
+            }
+            for r in runs
+        ],
+        "token_ids": first,
+    }
+
+
+def summarize_types(per_prompt: list[dict], types: list[str]) -> dict:
+    """Median over the prompts of each type, and over all of them ("all")."""
+    out = {}
+    for t in [*types, "all"]:
+        rows = [p for p in per_prompt if t in ("all", p["type"])]
+        if not rows:
+            continue
+        same = [p["same_as_ar"] for p in rows if p["same_as_ar"] is not None]
+        out[t] = {
+            "prompts": len(rows),
+            "decode_tokens_per_s": _median(p["decode_tokens_per_s"] for p in rows),
+            "e2e_tokens_per_s": _median(p["e2e_tokens_per_s"] for p in rows),
+            "ttft_s": _median(p["ttft_s"] for p in rows),
+            "acceptance_rate": _median(p.get("acceptance_rate") for p in rows),
+            "mean_tokens_per_round": _median(p.get("mean_tokens_per_round") for p in rows),
+            "same_as_ar": all(same) if same else None,
+            "same_as_ar_prompts": sum(same),
+        }
+    return out
+
+
+def add_speedups(methods: dict) -> None:
+    """speedup_vs_ar = decode tokens/s over our AR's, per prompt type."""
+    ar = methods.get("ar")
+    for res in methods.values():
+        for t, row in res["types"].items():
+            base = ar["types"].get(t, {}).get("decode_tokens_per_s") if ar else None
+            mine = row["decode_tokens_per_s"]
+            row["speedup_vs_ar"] = mine / base if base and mine else None
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _cpu_model_and_flags() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break  # the first processor's entry is enough
+    return model, flags
+
+
+def machine_info(args) -> dict:
+    import torch
+
+    from specdec import __version__, kernels
+
+    cpu, flags = _cpu_model_and_flags()
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "llama_cpp"):
+        if importlib.util.find_spec(name) is not None:
+            versions[name] = getattr(__import__(name), "__version__", "?")
+    return {
+        "cpu": cpu,
+        "cpu_flags": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "threads": args.threads,
+        "dtype": args.dtype,
+        "kernels": kernels.status(),
+        "specdec": __version__,
+        "versions": versions,
+        "platform": platform.platform(),
+        # other work on the same cores skews every number: keep the load in the record
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def format_table(report: dict) -> str:
+    """Decode tokens/s per method and prompt type (with the speedup over our AR), end-to-end
+    tokens/s, acceptance, tokens per round and agreement with AR."""
+    types = [t for t in report["config"]["types"]] + ["all"]
+    head = ["method"] + [f"{t} tok/s" for t in types] + ["e2e tok/s", "accept", "tok/round",
+                                                           "same as AR"]  # fmt: skip
+    rows = [head]
+    for label, res in report["methods"].items():
+        cells = [label]
+        for t in types:
+            row = res["types"].get(t)
+            if row is None:
+                cells.append("-")
+                continue
+            sp = row.get("speedup_vs_ar")
+            cells.append(_fmt(row["decode_tokens_per_s"]) + (f" ({sp:.2f}x)" if sp else ""))
+        total = res["types"]["all"]
+        same = total["same_as_ar"]
+        cells += [
+            _fmt(total["e2e_tokens_per_s"]),
+            _fmt(total["acceptance_rate"], ".3f"),
+            _fmt(total["mean_tokens_per_round"]),
+            "-"
+            if same is None
+            else f"{'yes' if same else 'no'} ({total['same_as_ar_prompts']}/{total['prompts']})",
+        ]
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(r, widths))) for r in rows]  # fmt: skip
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, Path]:
+    from specdec.bench.chart import plot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    text = json.dumps(report, indent=2) + "\n"
+    stamped = out_dir / f"bench-{stamp}.json"
+    stamped.write_text(text)
+    latest = out_dir / "latest.json"
+    latest.write_text(text)
+    png = out_dir / "latest.png"
+    plot(report, png)
+    return stamped, latest, png
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def bench_method(spec, args, prompts, prompt_ids, max_len, ref, bar) -> dict:
+    """Load one method's models, warm up, run every prompt ``repeats`` times, unload. Our
+    greedy ``ar`` is its own reference: its repeats must agree."""
+    bar.set_description(f"{spec.label} (loading)")
+    t0 = time.perf_counter()
+    engine = ENGINES[spec.kind](spec, args, max_len)
+    load_s = time.perf_counter() - t0
+    bar.set_description(spec.label)
+    self_ref = spec.label == "ar" and args.temperature == 0
+    try:
+        warm = prompt_ids[0][:WARMUP_PROMPT_TOKENS]
+        engine.run(warm, WARMUP_NEW_TOKENS, args.temperature, args.seed)
+        per_prompt = []
+        for p, ids in zip(prompts, prompt_ids):
+            runs = []
+            for _ in range(args.repeats):
+                runs.append(engine.run(ids, args.max_tokens, args.temperature, args.seed))
+                bar.update()
+            want = runs[0].token_ids if self_ref else ref.get(p["id"])
+            per_prompt.append(summarize_prompt(p, len(ids), runs, want))
+    finally:  # free this method's models before the next one loads
+        engine.close()
+        del engine
+        gc.collect()
+    return {
+        "kind": spec.kind,
+        "kwargs": _fill_draft(spec.kwargs, args.draft_model),
+        "note": spec.note,
+        "load_s": load_s,
+        "prompts": per_prompt,
+    }
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specdec.registry import resolve_model
+
+    _settle(args)
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    methods = select_methods(args.methods, args.model)
+    prompts = load_prompts(types, args.prompts_per_type)
+    prompt_ids = encode_prompts(prompts, resolve_model(args.model))
+    max_len = max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
+    report = {
+        "machine": machine_info(args),
+        "config": {
+            "model": str(args.model),
+            "draft_model": str(args.draft_model),
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "max_tokens": args.max_tokens,
+            "repeats": args.repeats,
+            "types": types,
+            "prompts_per_type": args.prompts_per_type,
+            "temperature": args.temperature,
+            "methods": [m.label for m in methods],
+            "quick": args.quick,
+        },
+        "prompts": [
+            {"id": p["id"], "type": p["type"], "chat": p["chat"], "prompt_tokens": len(ids)}
+            for p, ids in zip(prompts, prompt_ids)
+        ],
+        "methods": {},
+    }
+    ref: dict[str, list[int]] = {}
+    total = len(methods) * len(prompts) * args.repeats
+    with tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
+        for spec in methods:
+            res = bench_method(spec, args, prompts, prompt_ids, max_len, ref, bar)
+            if spec.label == "ar" and args.temperature == 0:
+                ref = {p["id"]: p["token_ids"] for p in res["prompts"]}
+            res["types"] = summarize_types(res["prompts"], types)
+            report["methods"][spec.label] = res
+    add_speedups(report["methods"])
+    stamped, latest, png = write_report(report, Path(args.out))
+    print(format_table(report))
+    print(f"\nwrote {stamped}, {latest} and {png}")
+    return 0

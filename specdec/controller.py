@@ -1,0 +1,112 @@
+"""Adaptive speculation length: pick K each round to maximize expected tokens per second.
+
+Cost model (notes, section 2): with per-token acceptance rate alpha, a round that drafts K
+tokens yields E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs
+K * t_draft + t_verify(tokens in the pass) + t_other. We measure t_draft per drafted position,
+t_verify as a function of the number of tokens in the target pass (interpolated between the
+sizes seen so far), and alpha per sequence (a running estimate with a prior), then take the K
+in 0..k_max with the best total E / cost for the batch. K = 0 is a plain AR round: where
+speculation does not pay (a weak drafter on prose) the controller stops drafting, and probes
+with K = 1 now and then to notice when it starts paying again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.sequence import Sequence
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per round] for K drafted tokens at acceptance rate alpha."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class _Ema:
+    value: float | None = None
+    weight: float = 0.3
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+
+
+class SpeculationController:
+    def __init__(
+        self,
+        k_max: int = 8,
+        fixed_k: int | None = None,
+        prior_alpha: float = 0.7,
+        prior_weight: float = 4.0,
+        explore: tuple[int, ...] = (4, 1, 8),
+        probe_every: int = 16,
+    ):
+        if fixed_k is not None and fixed_k < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {fixed_k}")
+        self.k_max = fixed_k if fixed_k is not None else k_max
+        self.fixed_k = fixed_k
+        self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
+        self.explore = [min(k, self.k_max) for k in explore]
+        self.probe_every = probe_every
+        self.t_draft = _Ema()  # seconds per drafted position (batch of the round)
+        self.t_other = _Ema()
+        self.t_verify: dict[int, _Ema] = {}  # target pass time by tokens in the pass
+        self.rounds = 0
+        self._since_draft = 0
+        self.last_choice: dict = {}
+
+    # -- acceptance --------------------------------------------------------------------------
+    def alpha(self, seq: Sequence) -> float:
+        s = seq.stats
+        return (s.accepted + self.prior_alpha * self.prior_weight) / (s.drafted + self.prior_weight)
+
+    # -- costs -------------------------------------------------------------------------------
+    def observe_round(self, batch: int, k: int, draft_s: float, verify_s: float, other_s: float):
+        self.rounds += 1
+        tokens = batch * (k + 1)
+        self.t_verify.setdefault(tokens, _Ema()).add(verify_s)
+        if k > 0:
+            self.t_draft.add(draft_s / k)
+        self.t_other.add(other_s)
+
+    def verify_time(self, tokens: int) -> float | None:
+        known = sorted((t, e.value) for t, e in self.t_verify.items() if e.value is not None)
+        if not known:
+            return None
+        if len(known) == 1:  # one size seen: assume a flat cost, as in memory-bound passes
+            return known[0][1]
+        for (t0, v0), (t1, v1) in zip(known, known[1:]):
+            if t0 <= tokens <= t1:
+                return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+        (t0, v0), (t1, v1) = (known[0], known[1]) if tokens < known[0][0] else known[-2:]
+        slope = max(0.0, (v1 - v0) / (t1 - t0))
+        return max(1e-6, v1 + slope * (tokens - t1)) if tokens > t1 else max(1e-6, v0)
+
+    # -- the choice --------------------------------------------------------------------------
+    def choose_k(self, seqs: list[Sequence]) -> int:
+        """One K for the round (each sequence may still cap it by what it has left)."""
+        if self.fixed_k is not None:
+            return self.fixed_k
+        if self.rounds < len(self.explore):  # measure a few pass sizes before trusting the model
+            return self.explore[self.rounds]
+        alphas = [self.alpha(s) for s in seqs]
+        t_d = self.t_draft.value or 0.0
+        t_o = self.t_other.value or 0.0
+        best_k, best_rate, rates = 0, -1.0, {}
+        for k in range(self.k_max + 1):
+            cost = self.verify_time(len(seqs) * (k + 1))
+            if cost is None:
+                continue
+            cost += k * t_d + t_o
+            rate = sum(expected_tokens(a, k) for a in alphas) / cost
+            rates[k] = rate
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        self._since_draft = 0 if best_k > 0 else self._since_draft + 1
+        if best_k == 0 and self._since_draft >= self.probe_every:
+            self._since_draft = 0
+            best_k = 1  # probe: acceptance may have changed
+        self.last_choice = {"k": best_k, "alpha": sum(alphas) / len(alphas), "rates": rates}
+        return best_k

@@ -1,0 +1,100 @@
+"""A smaller model as the drafter, with its own KV cache.
+
+Its cache lags the sequence: before drafting it catches up on every token it has not seen
+(the pending token, and after a fully accepted round the last draft too), then drafts K tokens
+one pass each. After verification it rolls back to the part of the sequence it got right.
+The draft distribution q comes from the same sampling transform as the target's p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.decoders.base import pad_right
+from specdec.drafters.base import Drafter, Proposal
+from specdec.kv_cache import KVCache
+from specdec.model import Transformer
+from specdec.sampling import probabilities, sample
+from specdec.sequence import Sequence
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft-model"
+    cache_slack = 2
+
+    def __init__(self, model: Transformer, target_vocab: int, tokenizer_vocab: int):
+        self.model = model
+        self.target_vocab = target_vocab  # q is returned over the target's rows
+        self.tokenizer_vocab = tokenizer_vocab
+        self.cache: KVCache | None = None
+        self._row: dict[str, int] = {}
+        self._len: dict[str, int] = {}  # tokens of the sequence held in the draft cache
+
+    def ensure_capacity(self, rows: int, max_len: int) -> None:
+        c = self.cache
+        if c is None or c.max_rows < rows or c.max_len < max_len + self.cache_slack:
+            self.cache = None
+            self.cache = self.model.new_cache(rows, max_len + self.cache_slack)
+
+    def allocate(self, seq: Sequence) -> None:
+        self._row[seq.request_id] = self.cache.allocate()
+        self._len[seq.request_id] = 0
+
+    def release(self, seq: Sequence) -> None:
+        row = self._row.pop(seq.request_id, None)
+        self._len.pop(seq.request_id, None)
+        if row is not None:
+            self.cache.free(row)
+
+    def after_prefill(self, seqs: list[Sequence]) -> None:
+        """Prefill the draft on the prompts now, so the first round only catches up one token."""
+        tokens, lengths = pad_right([s.prompt_ids for s in seqs])
+        self.model.forward(tokens, self.cache, self._rows(seqs), num_new=lengths,
+                           logits_at=(lengths - 1)[:, None])  # fmt: skip
+        for s in seqs:
+            self._len[s.request_id] = len(s.prompt_ids)
+
+    def _rows(self, seqs: list[Sequence]) -> torch.Tensor:
+        return torch.tensor([self._row[s.request_id] for s in seqs], dtype=torch.int64)
+
+    def _distribution(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        q = probabilities(logits, [s.params for s in seqs], self.tokenizer_vocab)
+        v = q.shape[-1]
+        if v > self.target_vocab:  # rows beyond the tokenizer are zero already
+            q = q[..., : self.target_vocab]
+        elif v < self.target_vocab:
+            q = torch.nn.functional.pad(q, (0, self.target_vocab - v))
+        return q
+
+    def _sample(self, q: torch.Tensor, seqs: list[Sequence], live: list[bool]) -> torch.Tensor:
+        # rows drafting past their own k are padding: they draw no randomness, so a seeded
+        # request's samples do not depend on what else is in the batch
+        u = [s.rng.uniform() if ok and not s.params.greedy else 0.0 for s, ok in zip(seqs, live)]
+        return sample(q, u)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        rows = self._rows(seqs)
+        kmax = max(ks)
+        bsz = len(seqs)
+        tokens = torch.zeros(bsz, kmax, dtype=torch.int64)
+        q = torch.zeros(bsz, kmax, self.target_vocab)
+        if kmax == 0:
+            return Proposal(tokens, torch.zeros(bsz, dtype=torch.int64), q)
+        catch_up, lengths = pad_right([s.all_ids[self._len[s.request_id] :] for s in seqs])
+        logits = self.model.forward(catch_up, self.cache, rows, num_new=lengths,
+                                    logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
+        for i in range(kmax):
+            q[:, i] = self._distribution(logits, seqs)
+            tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks])
+            if i + 1 < kmax:
+                logits = self.model.forward(tokens[:, i : i + 1], self.cache, rows)[:, 0]
+        for s, n in zip(seqs, lengths.tolist()):
+            self._len[s.request_id] += n + kmax - 1
+        return Proposal(tokens, torch.tensor(ks, dtype=torch.int64), q)
+
+    def accept(self, seqs: list[Sequence], prev_lengths: list[int], num_accepted: list[int]):
+        for s, prev, n in zip(seqs, prev_lengths, num_accepted):
+            rid = s.request_id
+            good = min(self._len[rid], prev + n)  # pending token + accepted drafts it has seen
+            self._len[rid] = good
+            self.cache.rollback(self._row[rid], good)

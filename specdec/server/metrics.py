@@ -1,0 +1,149 @@
+"""Prometheus metrics of one server, in a registry of its own (several apps may share a
+process, as the tests do).
+
+Exposed at ``GET /metrics``:
+
+- ``specdec_requests_total{status}``: generation requests by outcome: ``success``,
+  ``aborted`` (client went away), ``rejected`` (429, queue full), ``invalid`` (4xx),
+  ``error`` (5xx)
+- ``specdec_prompt_tokens_total``, ``specdec_generation_tokens_total``
+- ``specdec_time_to_first_token_seconds``, ``specdec_request_latency_seconds`` (histograms)
+- ``specdec_num_requests_running``, ``specdec_num_requests_waiting`` (engine's batch / queue)
+- ``specdec_draft_tokens_total``, ``specdec_accepted_tokens_total`` and
+  ``specdec_acceptance_rate`` (accepted / drafted over all finished requests; speculative
+  methods only), ``specdec_ssd_hit_rate`` (mean over finished SSD requests) and
+  ``specdec_ssd_metric{key}`` (mean of every numeric ``ssd_*`` request metric)
+- ``specdec_engine_alive`` (1 while the engine thread runs)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def ssd_hit_rate(m: dict) -> float | None:
+    """The SSD hit rate in a request's metrics (the first ``ssd_*hit_rate*`` key), if any."""
+    for key in sorted(m):
+        if key.startswith("ssd_") and "hit_rate" in key and isinstance(m[key], (int, float)):
+            return float(m[key])
+    return None
+
+
+class _Mean:
+    def __init__(self):
+        self.sum = 0.0
+        self.count = 0
+
+    def add(self, v: float) -> None:
+        self.sum += v
+        self.count += 1
+
+    def value(self) -> float:
+        return self.sum / self.count if self.count else 0.0
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._lock = threading.Lock()
+        self.requests = Counter(
+            "specdec_requests", "Generation requests by outcome", ["status"], registry=r
+        )
+        for status in ("success", "aborted", "rejected", "invalid", "error"):
+            self.requests.labels(status=status)
+        self.prompt_tokens = Counter(
+            "specdec_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "specdec_generation_tokens", "Generated tokens of finished requests", registry=r
+        )
+        self.ttft = Histogram(
+            "specdec_time_to_first_token_seconds",
+            "Time from arrival to the first generated token",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "specdec_request_latency_seconds",
+            "Time from arrival to the last generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge(
+            "specdec_num_requests_running", "Sequences in the running batch", registry=r
+        )
+        self.waiting = Gauge(
+            "specdec_num_requests_waiting", "Sequences waiting for a batch slot", registry=r
+        )
+        self.alive = Gauge("specdec_engine_alive", "1 while the engine thread runs", registry=r)
+        self.drafted = Counter(
+            "specdec_draft_tokens", "Draft tokens proposed (speculative methods)", registry=r
+        )
+        self.accepted = Counter(
+            "specdec_accepted_tokens", "Draft tokens accepted (speculative methods)", registry=r
+        )
+        self._drafted = 0
+        self._accepted = 0
+        self.acceptance = Gauge(
+            "specdec_acceptance_rate",
+            "Accepted / drafted tokens over all finished speculative requests",
+            registry=r,
+        )
+        self.acceptance.set_function(lambda: self._accepted / self._drafted if self._drafted else 0)
+        self._ssd_hit = _Mean()
+        self.ssd_hit_rate = Gauge(
+            "specdec_ssd_hit_rate", "Mean SSD hit rate over finished SSD requests", registry=r
+        )
+        self.ssd_hit_rate.set_function(self._ssd_hit.value)
+        self._ssd: dict[str, _Mean] = {}
+        self.ssd_metric = Gauge(
+            "specdec_ssd_metric",
+            "Mean of each numeric ssd_* request metric over finished requests",
+            ["key"],
+            registry=r,
+        )
+
+    def bind_engine(
+        self, running: Callable[[], float], waiting: Callable[[], float], alive: Callable[[], bool]
+    ) -> None:
+        self.running.set_function(running)
+        self.waiting.set_function(waiting)
+        self.alive.set_function(lambda: 1.0 if alive() else 0.0)
+
+    def count(self, status: str, n: int = 1) -> None:
+        self.requests.labels(status=status).inc(n)
+
+    def finished(self, m: dict) -> None:
+        """Record one finished sequence's metrics (``outputs.request_metrics``); any thread."""
+        self.prompt_tokens.inc(m.get("prompt_tokens", 0))
+        self.generation_tokens.inc(m.get("generated_tokens", 0))
+        if m.get("time_to_first_token_s") is not None:
+            self.ttft.observe(m["time_to_first_token_s"])
+        self.latency.observe(m.get("wall_time_s", 0.0))
+        with self._lock:
+            if m.get("drafted_tokens"):
+                self._drafted += m["drafted_tokens"]
+                self._accepted += m.get("accepted_tokens", 0)
+                self.drafted.inc(m["drafted_tokens"])
+                self.accepted.inc(m.get("accepted_tokens", 0))
+            hit = ssd_hit_rate(m)
+            if hit is not None:
+                self._ssd_hit.add(hit)
+            for key, v in m.items():
+                if key.startswith("ssd_") and isinstance(v, (int, float)):
+                    mean = self._ssd.setdefault(key, _Mean())
+                    mean.add(float(v))
+                    self.ssd_metric.labels(key=key).set(mean.value())
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,217 @@
+"""Request and response models of the OpenAI-compatible API (the subset specdec serves).
+
+Requests are validated strictly (no "0.5" for a number, no true for an integer), as OpenAI
+does; unknown fields are accepted and ignored so clients that send extras keep working.
+Fields specdec cannot honour (logprobs, echo, penalties, ...) are refused with 400 when set
+to anything but their neutral value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+# -- errors ------------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict:
+    return ErrorResponse(
+        error=ErrorDetail(message=message, type=type, param=param, code=code)
+    ).model_dump()
+
+
+# -- requests ----------------------------------------------------------------------------------
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by both routes. ``None`` means "the default" everywhere."""
+
+    model: str | None = None
+    temperature: float | None = None  # default 1.0 (OpenAI's)
+    top_p: float | None = None  # default 1.0
+    top_k: int | None = None  # extension: 0 or -1 = off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    ignore_eos: bool | None = None  # extension
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    user: str | None = None
+    # accepted only at their neutral values
+    logprobs: Any = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def unsupported(self) -> list[str]:
+        """Names of set fields specdec cannot honour."""
+        bad = []
+        if self.logprobs not in (None, False, 0):
+            bad.append("logprobs")
+        if self.top_logprobs not in (None, 0):
+            bad.append("top_logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                bad.append(name)
+        if self.logit_bias:
+            bad.append("logit_bias")
+        return bad
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = None  # default 16 (OpenAI's)
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> list[str]:
+        bad = super().unsupported()
+        if self.echo:
+            bad.append("echo")
+        if self.best_of not in (None, 1):
+            bad.append("best_of")
+        if self.suffix:
+            bad.append("suffix")
+        return bad
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        msg = {"role": self.role, "content": content or ""}
+        if self.name:
+            msg["name"] = self.name
+        return msg
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # default: the rest of the context
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> list[str]:
+        bad = super().unsupported()
+        if self.tools:
+            bad.append("tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            bad.append("response_format")
+        return bad
+
+
+# -- responses ---------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = None  # extension: the request's decoding metrics
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative: dict[str, Any] | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    speculative: dict[str, Any] | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specdec"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,78 @@
+"""The speculative-sampling verifier: accept, reject, resample, bonus.
+
+Given the target's distributions p_1..p_{K+1} and the draft's q_1..q_K (both from the one
+sampling transform), and draft tokens d_1..d_K with d_i ~ q_i:
+
+    for i = 1..K:   accept d_i with probability min(1, p_i(d_i) / q_i(d_i))
+    first reject:   emit a sample of r_i = normalize(max(0, p_i - q_i)), stop
+    all accepted:   emit a bonus sample of p_{K+1}
+
+Every round emits 1..K+1 tokens distributed exactly as sampling from p token by token.
+Greedy is the special case of point masses: accept while d_i == argmax p_i, and the residual
+of two different point masses is p's point mass, i.e. the target's argmax. An n-gram draft is
+a point-mass q: accept with probability p_i(d_i), residual = p_i without d_i.
+The verifier sees only probabilities and tokens, never a model or a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling import sample
+
+
+@dataclass
+class Verdict:
+    num_accepted: torch.Tensor  # [B] draft tokens accepted (0..k_b)
+    next_token: torch.Tensor  # [B] the replacement (after a rejection) or the bonus token
+    next_dist: torch.Tensor  # [B,V] the distribution next_token was drawn from
+
+
+def acceptance_ratio(p_at: torch.Tensor, q_at: torch.Tensor) -> torch.Tensor:
+    """min(1, p(d)/q(d)) at the drafted tokens (q(d) > 0 because d was drawn from q)."""
+    p64, q64 = p_at.double(), q_at.double()
+    return torch.where(q64 > 0, (p64 / q64.clamp_min(1e-300)).clamp(max=1.0), torch.zeros_like(p64))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalize(max(0, p - q)) over the last dimension.
+
+    Its mass is zero only if p <= q everywhere, i.e. p == q (up to rounding), in which case
+    every draft token is accepted with probability 1 and the residual is never sampled; p is
+    returned then so the function is total."""
+    r = (p.double() - q.double()).clamp_min(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp_min(1e-300), p.double())
+
+
+def verify(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    draft: torch.Tensor,
+    k: torch.Tensor,
+    u_accept: torch.Tensor,
+    u_next: torch.Tensor,
+) -> Verdict:
+    """One verification step for a batch.
+
+    p [B,K+1,V] target, q [B,K,V] draft, draft [B,K] tokens, k [B] draft length per row
+    (positions >= k_b are padding), u_accept [B,K] and u_next [B] uniforms in [0, 1).
+    """
+    bsz, kmax = draft.shape
+    rows = torch.arange(bsz)
+    if kmax:
+        idx = draft[:, :, None]
+        ratio = acceptance_ratio(p[:, :kmax].gather(-1, idx)[..., 0], q.gather(-1, idx)[..., 0])
+        ok = (u_accept.double() < ratio) & (torch.arange(kmax)[None, :] < k[:, None])
+        n_acc = ok.long().cumprod(-1).sum(-1)  # leading run of accepts
+    else:
+        n_acc = torch.zeros(bsz, dtype=torch.long)
+    rejected = n_acc < k
+    at = p[rows, n_acc].double()  # p_{n+1}: the bonus distribution when all were accepted
+    if rejected.any():
+        r = rows[rejected]
+        at[r] = residual(p[r, n_acc[r]], q[r, n_acc[r]])
+    token = sample(at, u_next)
+    return Verdict(n_acc, token, at)

@@ -1,0 +1,125 @@
+"""``specdec bench`` end to end on the tiny random checkpoints, in --quick mode."""
+
+import json
+
+import pytest
+
+from specdec.bench.runner import METHODS, load_prompts, select_methods, unavailable_reason
+from specdec.cli import build_parser
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench_args(tiny_dirs, out, methods, *extra):
+    argv = ["bench", "--quick", "--model", str(tiny_dirs["llama"])]
+    argv += ["--draft-model", str(tiny_dirs["draft"]), "--dtype", "float32", "--threads", "2"]
+    argv += ["--max-tokens", "12", "--methods", methods, "--out", str(out), *extra]
+    return build_parser().parse_args(argv)
+
+
+def test_quick_bench_reports_every_method(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "results"
+    args = bench_args(tiny_dirs, out, "hf,ar,hf-assisted")
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "latest.json").read_text())
+    assert list(report["methods"]) == ["ar", "hf", "hf-assisted"]  # ar first: the reference
+    assert len(list(out.glob("bench-*.json"))) == 1
+    for label, res in report["methods"].items():
+        assert label in printed
+        assert set(res["types"]) == {"code", "prose", "chat", "all"}
+        for p in res["prompts"]:
+            assert p["generated_tokens"] == 12  # exactly max_tokens, EOS ignored
+            assert p["decode_tokens_per_s"] > 0 and p["e2e_tokens_per_s"] > 0
+        assert res["types"]["all"]["decode_tokens_per_s"] > 0
+    assert report["methods"]["ar"]["types"]["all"]["speedup_vs_ar"] == pytest.approx(1.0)
+    # fp32 on both sides: transformers' greedy output is token-identical to ours
+    assert report["methods"]["ar"]["types"]["all"]["same_as_ar"] is True
+    assert report["methods"]["hf"]["types"]["all"]["same_as_ar"] is True
+    assert report["methods"]["hf-assisted"]["types"]["all"]["mean_tokens_per_round"] >= 1
+    assert report["machine"]["threads"] == 2 and report["machine"]["kernels"]
+    assert (out / "latest.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_speculative_rows_report_acceptance_and_match_ar(tiny_dirs, tmp_path):
+    """Our speculative rows (those implemented so far) on the tiny fp32 pair: greedy output
+    equals greedy AR, and a draft model's acceptance and tokens per round are recorded."""
+    model = str(tiny_dirs["llama"])
+    rows = [m for m in METHODS if m.kind == "ours" and m.label != "ar"]
+    rows = [m for m in rows if unavailable_reason(m, model) is None]
+    if not rows:
+        pytest.skip("no speculative method implemented yet")
+    out = tmp_path / "results"
+    args = bench_args(tiny_dirs, out, ",".join(["ar", *(m.label for m in rows)]), "--types", "code")
+    assert args.func(args) == 0
+    report = json.loads((out / "latest.json").read_text())
+    for m in rows:
+        total = report["methods"][m.label]["types"]["all"]
+        assert total["same_as_ar"] is True, m.label
+        assert total["speedup_vs_ar"] > 0
+        if "draft_model" in m.kwargs:  # a model drafter always drafts (n-gram lookup may not)
+            assert 0 <= total["acceptance_rate"] <= 1 and total["mean_tokens_per_round"] >= 1
+
+
+def test_unknown_method_lists_available_ones(tiny_dirs):
+    with pytest.raises(ValueError, match=r"unknown method 'nope'.*available here: ar, .*hf"):
+        select_methods("ar,nope", str(tiny_dirs["llama"]))
+
+
+def test_method_rows_are_filtered_by_availability(tiny_dirs):
+    from specdec.llm import available_methods
+
+    labels = [m.label for m in select_methods(None, str(tiny_dirs["llama"]))]
+    assert labels[0] == "ar" and "hf" in labels
+    for m in METHODS:
+        if m.kind == "ours":
+            assert (m.label in labels) == (m.kwargs["method"] in available_methods())
+    assert "llamacpp" not in labels  # an HF folder has no GGUF file behind it
+
+
+def test_prompt_set_has_every_type():
+    prompts = load_prompts(["code", "prose", "chat"], 100)
+    for t in ("code", "prose", "chat"):
+        assert sum(p["type"] == t for p in prompts) >= 5
+    assert all(isinstance(p["chat"], bool) and len(p["prompt"]) > 80 for p in prompts)
+    with pytest.raises(ValueError, match="unknown prompt type"):
+        load_prompts(["poetry"], 1)
+
+
+def test_llamacpp_row_feeds_prompt_ids_and_stops_after_max_tokens(monkeypatch, tmp_path):
+    """The llama.cpp glue, against a stand-in for llama_cpp.Llama (the real package is an
+    optional source build): same prompt ids in, exactly n tokens out, EOS not a stop."""
+    import sys
+    import types
+    from argparse import Namespace
+
+    from specdec.bench import runner
+
+    calls = {}
+
+    class FakeLlama:
+        def __init__(self, model_path, **kwargs):
+            calls["init"] = dict(kwargs, model_path=model_path)
+
+        def reset(self):
+            calls["reset"] = calls.get("reset", 0) + 1
+
+        def generate(self, tokens, **kwargs):
+            calls["generate"] = (list(tokens), kwargs)
+            while True:  # like llama.cpp: an endless stream, EOS (2) included
+                yield 2
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    monkeypatch.setattr("specdec.registry.gguf_path", lambda name: gguf)
+    spec = next(m for m in runner.METHODS if m.label == "llamacpp")
+    args = Namespace(model="m", threads=2, seed=0)
+    engine = runner.LlamaCppEngine(spec, args, max_len=64)
+    res = engine.run([5, 6, 7], 10, 0.0, 0)
+    assert res.token_ids == [2] * 10
+    assert calls["generate"][0] == [5, 6, 7]
+    assert calls["generate"][1]["temp"] == 0.0 and calls["generate"][1]["repeat_penalty"] == 1.0
+    assert calls["init"]["n_threads"] == 2 and calls["init"]["model_path"] == str(gguf)
+    assert calls["reset"] == 1 and res.decode_tokens_per_s > 0
+    engine.close()
