@@ -13,21 +13,23 @@ import psutil
 import torch
 
 from specdec import ops
+from specdec.config import ModelConfig
 from specdec.controller import SpeculationController
 from specdec.decoders.autoregressive import AutoregressiveDecoder
 from specdec.decoders.base import Decoder
 from specdec.decoders.speculative import SpeculativeDecoder
-from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_model import DraftModelDrafter, load_draft_model
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.model import Transformer, resolve_dtype
 from specdec.outputs import RequestOutput, aggregate_metrics, to_output
+from specdec.quantize import frequent_token_ids
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
 from specdec.tokenizer import Tokenizer, check_draft_compatible
 
 METHODS = ("ar", "sd", "ngram", "ssd")
-IMPLEMENTED = ("ar", "sd", "ngram")
+IMPLEMENTED = ("ar", "sd", "ngram", "ssd")
 
 
 def available_methods() -> tuple[str, ...]:
@@ -37,18 +39,24 @@ def available_methods() -> tuple[str, ...]:
 DEFAULT_KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
 
 
+def machine_cores() -> list[int] | None:
+    """The CPUs this process could use when specdec was imported (pinning narrows it later)."""
+    return list(_MACHINE_CORES) if _MACHINE_CORES is not None else None
+
+
+_MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
     """Pin this process to ``cores`` (one thread each) and set torch's and our thread count."""
     if cores is not None:
         cores = sorted(set(int(c) for c in cores))
-        available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         if not cores:
             raise ValueError("cpu_cores is empty")
-        if available is not None and not set(cores) <= set(available):
-            raise ValueError(
-                f"cpu_cores {cores} not all available (this process may use {sorted(available)})"
-            )
-        os.sched_setaffinity(0, cores)
+        try:
+            os.sched_setaffinity(0, cores)
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"cannot run on CPU cores {cores}: {exc}") from exc
         num_threads = num_threads or len(cores)
     n = num_threads or torch.get_num_threads()
     if n < 1:
@@ -56,6 +64,29 @@ def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
     torch.set_num_threads(n)
     ops.set_num_threads(n)
     return n
+
+
+def split_cores(cpu_cores, draft_cpu_cores, device: str, draft_device: str | None):
+    """SSD gives the drafter hardware of its own. On the CPU: by default the drafter takes the
+    last available core and the target the others (2 cores: target 0, drafter 1)."""
+    if (draft_device or device) != "cpu":
+        return cpu_cores, draft_cpu_cores
+    available = machine_cores()
+    if draft_cpu_cores is None:
+        pool = sorted(cpu_cores) if cpu_cores is not None else available
+        if not pool or len(pool) < 2:
+            raise ValueError("SSD on the CPU needs at least 2 cores (one for the drafter); "
+                             "pass draft_cpu_cores to share")  # fmt: skip
+        draft_cpu_cores = [pool[-1]]
+        if cpu_cores is None:
+            cpu_cores = pool[:-1]
+    elif cpu_cores is None and available is not None:
+        rest = [c for c in available if c not in set(draft_cpu_cores)]
+        cpu_cores = rest or available
+    if available is not None and not set(draft_cpu_cores) <= set(available):
+        raise ValueError(f"draft_cpu_cores {list(draft_cpu_cores)} not all available "
+                         f"(this process may use {available})")  # fmt: skip
+    return cpu_cores, list(draft_cpu_cores)
 
 
 class LLM:
@@ -74,6 +105,15 @@ class LLM:
         max_speculative_tokens: int = 8,
         ngram_max: int = 3,
         ngram_min: int = 1,
+        draft_quantization: str | None = None,
+        draft_vocab: int | None = None,
+        draft_device: str | None = None,
+        draft_cpu_cores: Seq[int] | None = None,
+        speculation_budget: int | None = None,
+        fanout: str = "geometric",
+        saguaro_c: float | None = None,
+        backup: str = "auto",
+        ssd_timeout_s: float = 30.0,
     ):
         from specdec.registry import resolve_model
 
@@ -85,6 +125,16 @@ class LLM:
             )
         self.method = method
         self.device = torch.device(device)
+        if method == "ssd":
+            cpu_cores, draft_cpu_cores = split_cores(cpu_cores, draft_cpu_cores, device,
+                                                     draft_device)  # fmt: skip
+        elif draft_cpu_cores is not None:
+            raise ValueError("draft_cpu_cores applies to method='ssd' only")
+        self.cpu_cores = cpu_cores
+        self._affinity_before = (
+            os.sched_getaffinity(0) if cpu_cores is not None and hasattr(os, "sched_getaffinity")
+            else None
+        )  # fmt: skip
         self.num_threads = pin_cpu_cores(cpu_cores, num_threads)
         self.dtype = resolve_dtype(dtype, self.device)
         self.model_path = Path(resolve_model(model))
@@ -96,6 +146,16 @@ class LLM:
         )
         self.eos_token_ids = sorted(set(self.tokenizer.eos_token_ids) | set(cfg.eos_token_ids))
         self.draft_path: Path | None = None
+        self.draft_options = {"quantization": draft_quantization, "vocab": draft_vocab}
+        self.ssd_options = {
+            "draft_device": draft_device or device,
+            "draft_cpu_cores": draft_cpu_cores,
+            "budget": speculation_budget,
+            "fanout": fanout,
+            "saguaro_c": saguaro_c,
+            "backup": backup,
+            "timeout_s": ssd_timeout_s,
+        }
         self.decoder: Decoder = self._build_decoder(
             method,
             draft_model,
@@ -109,7 +169,6 @@ class LLM:
         self._last_metrics: dict = {}
 
     def _build_decoder(self, method, draft_model, num_spec, k_max, ngram_max, ngram_min):
-        from specdec.registry import resolve_model
 
         vocab = self.tokenizer.vocab_size
         if method == "ar":
@@ -130,11 +189,37 @@ class LLM:
             return SpeculativeDecoder(self.target, vocab, drafter, controller, method="ngram")
         if draft_model is None:
             raise ValueError(f"method {method!r} needs a draft_model")
-        self.draft_path = Path(resolve_model(draft_model))
-        draft = Transformer.from_folder(self.draft_path, self.dtype, str(self.device))
-        check_draft_compatible(self.tokenizer, self.target.config, self.draft_path, draft.config)
+        spec = self._draft_spec(draft_model)
+        if method == "ssd":
+            from specdec.ssd.setup import build_ssd_decoder
+
+            return build_ssd_decoder(self, spec, num_spec, self.ssd_options)
+        draft = load_draft_model(spec["path"], self.dtype, str(self.device),
+                                 spec["quantization"], spec["head_ids"])  # fmt: skip
         drafter = DraftModelDrafter(draft, self.target.config.vocab_size, vocab)
         return SpeculativeDecoder(self.target, vocab, drafter, controller, method=method)
+
+    def _draft_spec(self, draft_model: str) -> dict:
+        """Validated description of the drafter: its folder, quantization and output head."""
+        from specdec.registry import resolve_model
+
+        quant, vocab_limit = self.draft_options["quantization"], self.draft_options["vocab"]
+        if quant not in (None, "none", "int8"):
+            raise ValueError(f"draft_quantization must be None or 'int8', got {quant!r}")
+        if vocab_limit is not None and (not isinstance(vocab_limit, int) or vocab_limit < 1):
+            raise ValueError(f"draft_vocab must be a positive integer, got {vocab_limit!r}")
+        self.draft_path = Path(resolve_model(draft_model))
+        draft_cfg = ModelConfig.from_json(self.draft_path / "config.json")
+        check_draft_compatible(self.tokenizer, self.target.config, self.draft_path, draft_cfg)
+        head_ids = None
+        if vocab_limit is not None and vocab_limit < self.tokenizer.vocab_size:
+            special = list(self.tokenizer.hf.added_tokens_decoder) + self.eos_token_ids
+            head_ids = frequent_token_ids(vocab_limit, special, self.tokenizer.vocab_size)
+        return {
+            "path": self.draft_path,
+            "quantization": None if quant == "none" else quant,
+            "head_ids": head_ids,
+        }
 
     # -- requests ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:
@@ -266,9 +351,13 @@ class LLM:
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        """Stop worker processes and give the process its CPU cores back."""
         closer = getattr(self.decoder, "close", None)
         if closer is not None:
             closer()
+        if self._affinity_before is not None:
+            os.sched_setaffinity(0, self._affinity_before)
+            self._affinity_before = None
 
     def __enter__(self) -> LLM:
         return self

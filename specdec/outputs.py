@@ -36,6 +36,10 @@ def request_metrics(seq: Sequence, method: str) -> dict:
         m["decode_tokens_per_s"] = (n - 1) / (end - s.first_token)
     if s.drafted:
         m.update(speculation_metrics(s))
+    if "ssd" in s.extra:
+        from specdec.ssd.drafter import ssd_metrics
+
+        m.update(ssd_metrics(s.extra["ssd"]))
     return m
 
 

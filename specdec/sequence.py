@@ -39,6 +39,7 @@ class SequenceStats:
     draft_time: float = 0.0  # seconds of the rounds it took part in, by phase
     verify_time: float = 0.0
     decode_time: float = 0.0  # whole rounds (draft + verify + bookkeeping)
+    extra: dict = field(default_factory=dict)  # method-specific counters (e.g. "ssd")
 
 
 class Sequence:

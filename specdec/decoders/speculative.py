@@ -93,6 +93,8 @@ class SpeculativeDecoder(Decoder):
         else:
             drafts, k, q = proposal.tokens, proposal.k, proposal.q
 
+        if proposal is not None:
+            self.drafter.on_verify_start(seqs, proposal)
         t = time.perf_counter()
         pending = torch.tensor([[s.output_ids[-1]] for s in seqs], dtype=torch.int64)
         logits = self.target.forward(
@@ -116,7 +118,7 @@ class SpeculativeDecoder(Decoder):
             for tok in row_drafts[:n] + [t_next]:
                 if s.append(tok):
                     break
-        self.drafter.accept(seqs, prev_lengths, n_acc)
+        self.drafter.accept(seqs, prev_lengths, n_acc, nxt)
         total = timer.done()
         self.controller.observe_round(
             bsz, int(k.max()) if bsz else 0, draft_s, verify_s, total - draft_s - verify_s

@@ -42,9 +42,18 @@ class Drafter:
         """Up to ks[b] draft tokens continuing each sequence (all its tokens, pending included)."""
         raise NotImplementedError
 
-    def accept(self, seqs: list[Sequence], prev_lengths: list[int], num_accepted: list[int]):
-        """After verification: sequence b had prev_lengths[b] tokens before the round and now
-        holds num_accepted[b] of the drafts plus one token from the target."""
+    def on_verify_start(self, seqs: list[Sequence], proposal: Proposal) -> None:
+        """The target is about to verify ``proposal`` (a parallel drafter starts work now)."""
+
+    def accept(
+        self,
+        seqs: list[Sequence],
+        prev_lengths: list[int],
+        num_accepted: list[int],
+        next_tokens: list[int],
+    ) -> None:
+        """After verification: sequence b had prev_lengths[b] tokens before the round, then
+        took num_accepted[b] of the drafts and the target's next_tokens[b]."""
 
     def close(self) -> None:
         """Release processes or other resources."""

@@ -14,8 +14,42 @@ from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
+from specdec.quantize import expand_logits, quantize_model_int8, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
+
+
+def load_draft_model(
+    folder, dtype: torch.dtype, device: str, quantization: str | None, head_ids
+) -> Transformer:
+    """The draft model made as cheap as asked: int8 matrices, an output head over ``head_ids``."""
+    draft = Transformer.from_folder(folder, dtype, device)
+    if quantization == "int8":
+        quantize_model_int8(draft)
+    if head_ids is not None:
+        restrict_head(draft, torch.as_tensor(head_ids, dtype=torch.int64))
+    return draft
+
+
+def draft_distribution(
+    logits: torch.Tensor,
+    params: list,
+    model: Transformer,
+    tokenizer_vocab: int,
+    target_vocab: int,
+) -> torch.Tensor:
+    """q over the target's rows from draft logits (of its possibly restricted head), through
+    the one sampling transform the target uses too."""
+    head_ids = getattr(model, "head_ids", None)
+    if head_ids is not None:
+        logits = expand_logits(logits, head_ids, model.config.vocab_size)
+    q = probabilities(logits, params, tokenizer_vocab)
+    v = q.shape[-1]
+    if v > target_vocab:  # rows beyond the tokenizer are zero already
+        q = q[..., :target_vocab]
+    elif v < target_vocab:
+        q = torch.nn.functional.pad(q, (0, target_vocab - v))
+    return q
 
 
 class DraftModelDrafter(Drafter):
@@ -58,13 +92,10 @@ class DraftModelDrafter(Drafter):
         return torch.tensor([self._row[s.request_id] for s in seqs], dtype=torch.int64)
 
     def _distribution(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        q = probabilities(logits, [s.params for s in seqs], self.tokenizer_vocab)
-        v = q.shape[-1]
-        if v > self.target_vocab:  # rows beyond the tokenizer are zero already
-            q = q[..., : self.target_vocab]
-        elif v < self.target_vocab:
-            q = torch.nn.functional.pad(q, (0, self.target_vocab - v))
-        return q
+        params = [s.params for s in seqs]
+        return draft_distribution(
+            logits, params, self.model, self.tokenizer_vocab, self.target_vocab
+        )
 
     def _sample(self, q: torch.Tensor, seqs: list[Sequence], live: list[bool]) -> torch.Tensor:
         # rows drafting past their own k are padding: they draw no randomness, so a seeded
@@ -92,7 +123,7 @@ class DraftModelDrafter(Drafter):
             self._len[s.request_id] += n + kmax - 1
         return Proposal(tokens, torch.tensor(ks, dtype=torch.int64), q)
 
-    def accept(self, seqs: list[Sequence], prev_lengths: list[int], num_accepted: list[int]):
+    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> None:
         for s, prev, n in zip(seqs, prev_lengths, num_accepted):
             rid = s.request_id
             good = min(self._len[rid], prev + n)  # pending token + accepted drafts it has seen

@@ -1,0 +1,72 @@
+"""Messages between the target's process and the drafter's, over torch.distributed (gloo).
+
+Each process holds its own standalone gloo process group (TCPStore rendezvous on loopback or
+another host), so several engines can live in one process and a failed peer is dropped by
+dropping the group. A message is a pickled Python object (small: token lists and sparse
+probabilities) sent as a length header and a byte tensor. Every receive has a timeout, and
+a closed or silent peer raises ChannelError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+
+import torch
+from torch.distributed import ProcessGroupGloo, TCPStore
+
+
+class ChannelError(RuntimeError):
+    """The peer died, closed the connection, or did not answer in time."""
+
+
+IDLE_FOREVER = timedelta(days=365)  # gloo closes a pair whose wait times out: never for idling
+
+
+class Channel:
+    def __init__(self, store: TCPStore, rank: int, timeout_s: float | None):
+        """timeout_s: how long one send or receive may take (None: wait indefinitely, for the
+        worker idling between requests; it still wakes when the target goes away)."""
+        self.rank = rank
+        self.peer = 1 - rank
+        self.timeout = IDLE_FOREVER if timeout_s is None else timedelta(seconds=timeout_s)
+        try:
+            self.group = ProcessGroupGloo(store, rank, 2, IDLE_FOREVER)
+        except RuntimeError as exc:
+            raise ChannelError(f"could not connect to the peer process: {exc}") from exc
+        self.bytes_sent = 0
+
+    @classmethod
+    def listen(cls, timeout_s: float, host: str = "127.0.0.1") -> tuple[TCPStore, int]:
+        """The target's side of the rendezvous: a store on a free port (the worker gets it)."""
+        store = TCPStore(host, 0, 2, True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)  # fmt: skip
+        return store, store.port
+
+    @classmethod
+    def connect(cls, host: str, port: int, connect_timeout_s: float) -> Channel:
+        """The worker's side (its receives wait indefinitely)."""
+        store = TCPStore(host, port, 2, False, timeout=timedelta(seconds=connect_timeout_s))
+        return cls(store, 1, None)
+
+    def send(self, obj) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        header = torch.tensor([len(data)], dtype=torch.int64)
+        try:
+            self.group.send([header], self.peer, 0).wait(self.timeout)
+            self.group.send([payload], self.peer, 1).wait(self.timeout)
+        except RuntimeError as exc:
+            raise ChannelError(f"send failed: {exc}") from exc
+        self.bytes_sent += len(data)
+
+    def recv(self, timeout_s: float | None = None):
+        timeout = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
+        header = torch.zeros(1, dtype=torch.int64)
+        try:
+            self.group.recv([header], self.peer, 0).wait(timeout)
+            payload = torch.empty(int(header[0]), dtype=torch.uint8)
+            self.group.recv([payload], self.peer, 1).wait(timeout)
+        except RuntimeError as exc:
+            raise ChannelError(f"receive failed: {exc}") from exc
+        return pickle.loads(payload.numpy().tobytes())

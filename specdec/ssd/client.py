@@ -1,0 +1,180 @@
+"""The target's side of the worker process: the one place that starts, watches, restarts and
+stops it. Everything else only calls ``request``/``notify`` and learns of failures as
+``ChannelError``, after which the handle is down and restarting in the background."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from specdec.ssd.channel import Channel, ChannelError
+from specdec.ssd.worker import WorkerConfig
+
+log = logging.getLogger("specdec.ssd")
+
+
+class WorkerHandle:
+    def __init__(self, config: WorkerConfig, reply_timeout_s: float = 30.0,
+                 start_timeout_s: float = 180.0):  # fmt: skip
+        self.config = config
+        self.reply_timeout_s = reply_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.channel: Channel | None = None
+        self.generation = 0  # bumps at every (re)start: drafters resync their sequences
+        self.failures: list[str] = []
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._starting: threading.Thread | None = None
+        self._closed = False
+        atexit.register(self.stop)
+
+    # -- life cycle --------------------------------------------------------------------------
+    @property
+    def up(self) -> bool:
+        return self.channel is not None
+
+    def start(self, wait: bool = True) -> None:
+        """Start the worker; with ``wait`` block until it is connected (or raise)."""
+        if wait:
+            self._start()
+            return
+        with self._lock:
+            if self._starting is not None or self._closed:
+                return
+            self._starting = threading.Thread(target=self._start_quietly, daemon=True)
+            self._starting.start()
+
+    def _start_quietly(self) -> None:
+        try:
+            self._start()
+        except Exception as exc:  # noqa: BLE001 - a failed restart leaves us on the fallback
+            log.warning("SSD drafter restart failed: %s", exc)
+        finally:
+            with self._lock:
+                self._starting = None
+
+    def _start(self) -> None:
+        store, port = Channel.listen(self.start_timeout_s, self.config.host)
+        cfg = dataclasses.replace(self.config, port=port, parent_pid=os.getpid())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.ssd.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        proc.stdin.write(json.dumps(dataclasses.asdict(cfg)).encode())
+        proc.stdin.close()
+        self.proc = proc
+        t0 = time.perf_counter()
+        try:
+            channel = self._connect(store, proc, t0 + self.start_timeout_s)
+            ready = channel.recv(self.start_timeout_s)  # the worker loads its model first
+        except ChannelError as exc:
+            self._kill(proc)
+            raise ChannelError(f"the SSD drafter did not start: {exc}") from None
+        if ready.get("op") != "ready":
+            self._kill(proc)
+            raise ChannelError(f"the SSD drafter did not start: {ready.get('message', ready)}")
+        with self._lock:
+            if self._closed:
+                self._kill(proc)
+                return
+            self.channel = channel
+            self.generation += 1
+        log.info("SSD drafter up (pid %d) after %.1f s", proc.pid, time.perf_counter() - t0)
+
+    def _connect(self, store, proc: subprocess.Popen, deadline: float) -> Channel:
+        """Rendezvous with the worker, giving up as soon as it exits or the deadline passes."""
+        result: dict = {}
+
+        def connect():
+            try:
+                result["channel"] = Channel(store, 0, self.reply_timeout_s)
+            except ChannelError as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=connect, daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            if proc.poll() is not None and thread.is_alive():
+                raise ChannelError(f"the worker exited with code {proc.returncode}")
+            if time.perf_counter() > deadline:
+                raise ChannelError("timed out waiting for the worker to connect")
+        if "error" in result:
+            raise result["error"]
+        return result["channel"]
+
+    def fail(self, reason: str) -> None:
+        """The worker died or stopped answering: kill it, restart it in the background."""
+        with self._lock:
+            self.channel = None
+            proc, self.proc = self.proc, None
+        self.failures.append(reason)
+        log.warning("SSD drafter lost (%s): continuing on the target alone, restarting it", reason)
+        if proc is not None:
+            self._kill(proc)
+        if not self._closed:
+            self.restarts += 1
+            self.start(wait=False)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closed = True
+            channel, self.channel = self.channel, None
+            proc, self.proc = self.proc, None
+            starting = self._starting
+        if channel is not None:
+            with contextlib.suppress(ChannelError):
+                channel.send({"op": "stop"})
+        if proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+        if starting is not None:
+            starting.join(timeout=self.start_timeout_s)
+            with self._lock:
+                proc, self.proc = self.proc, None
+            if proc is not None:
+                self._kill(proc)
+
+    # -- messages ----------------------------------------------------------------------------
+    def notify(self, msg: dict) -> None:
+        """Send without waiting for a reply."""
+        channel = self.channel
+        if channel is None:
+            raise ChannelError("the SSD drafter is not running")
+        try:
+            channel.send(msg)
+        except ChannelError as exc:
+            self.fail(str(exc))
+            raise
+
+    def request(self, msg: dict) -> dict:
+        """Send and wait for the reply (at most reply_timeout_s)."""
+        self.notify(msg)
+        try:
+            return self.channel.recv()
+        except (ChannelError, AttributeError) as exc:
+            self.fail(f"no reply to {msg['op']!r}: {exc}")
+            raise ChannelError(str(exc)) from exc
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.proc
+        return None if proc is None else proc.pid

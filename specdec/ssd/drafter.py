@@ -1,0 +1,307 @@
+"""SSDDrafter: the speculative round's view of the SSD worker.
+
+  propose          the speculation prepared last round for the outcome that happened (a hit),
+                   or a backup: "neural" (the worker drafts just in time), "fast" (prompt
+                   lookup on the target, near free), "auto" (neural for small batches, fast
+                   when one miss would stall many sequences)
+  on_verify_start  tell the worker the round's trunk: it drafts next round's speculations for
+                   the likely outcomes while the target verifies
+  accept           send the outcome (k accepted, token), receive next round's speculation
+
+If the worker dies or stops answering, every sequence continues on the target alone with prompt
+lookup drafting (no token is lost, duplicated or changed: speculations only propose), the
+worker restarts in the background, and sequences resynchronize when it is back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.controller import SpeculationController
+from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.ngram import NgramDrafter
+from specdec.sequence import Sequence
+from specdec.ssd.cache import Speculation
+from specdec.ssd.channel import ChannelError
+from specdec.ssd.client import WorkerHandle
+from specdec.ssd.fanout import plan_fanout
+
+BACKUPS = ("neural", "fast", "auto")
+
+
+@dataclass
+class _State:
+    worker_len: int = 0  # tokens of the sequence in the worker's cache (0: not there)
+    generation: int = -1  # worker generation that holds it
+    ready: Speculation | None = None  # speculation for this round, from last round's outcome
+    in_round: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+def _stats() -> dict:
+    return {"hits": 0, "lookups": 0, "hits_by_k": {}, "lookups_by_k": {}, "idle_s": 0.0,
+            "backup_rounds": 0, "fallback_rounds": 0, "backup_s": 0.0, "worker_busy_s": 0.0,
+            "failures": 0}  # fmt: skip
+
+
+class SSDDrafter(Drafter):
+    name = "ssd"
+
+    def __init__(
+        self,
+        handle: WorkerHandle,
+        k: int,
+        budget: int,
+        fanout: str,
+        backup: str,
+        vocab: int,
+        fallback: NgramDrafter,
+        controller: SpeculationController,
+        fanout_r: float = 1.0,
+        auto_batch_threshold: int = 2,
+    ):
+        if backup not in BACKUPS:
+            raise ValueError(f"backup must be one of {', '.join(BACKUPS)}, got {backup!r}")
+        self.handle = handle
+        self.k, self.budget, self.fanout, self.fanout_r = k, budget, fanout, fanout_r
+        self.backup = backup
+        self.vocab = vocab
+        self.fallback = fallback
+        self.controller = controller
+        self.auto_batch_threshold = auto_batch_threshold
+        self.states: dict[str, _State] = {}
+        self._busy_seen = 0.0
+        self.events: list[str] = []  # failures and restarts, for metrics and the log
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def allocate(self, seq: Sequence) -> None:
+        self.states[seq.request_id] = _State(stats=_stats())
+        seq.stats.extra["ssd"] = self.states[seq.request_id].stats
+
+    def release(self, seq: Sequence) -> None:
+        st = self.states.pop(seq.request_id, None)
+        if st is not None and st.generation == self.handle.generation and self.handle.up:
+            try:
+                self.handle.notify({"op": "release", "sids": [seq.request_id]})
+            except ChannelError:
+                self._lost("release")
+
+    def close(self) -> None:
+        self.handle.stop()
+
+    def resize(self, rows: int, max_len: int) -> None:
+        """Match the target's cache (called when no sequence is running)."""
+        cfg = self.handle.config
+        if cfg.max_rows >= rows and cfg.max_len >= max_len:
+            return
+        cfg.max_rows, cfg.max_len = max(rows, cfg.max_rows), max(max_len, cfg.max_len)
+        if self.handle.up:  # a restart would also pick the new size up from the config
+            try:
+                self.handle.request({"op": "capacity", "rows": cfg.max_rows,
+                                     "max_len": cfg.max_len})  # fmt: skip
+            except ChannelError:
+                self._lost("resize")
+
+    def _lost(self, where: str) -> None:
+        self.events.append(f"worker lost during {where}")
+        for st in self.states.values():
+            st.ready, st.in_round, st.generation = None, False, -1
+            st.stats["failures"] += 1
+
+    def _params(self, seq: Sequence) -> dict:
+        p = seq.params
+        return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
+                "max_tokens": 1 << 30}  # fmt: skip
+
+    def _plan(self, seq: Sequence, k_eff: int) -> list[int]:
+        return plan_fanout(self.budget, k_eff, self.controller.alpha(seq), self.fanout,
+                           self.fanout_r)  # fmt: skip
+
+    def _sync(self, seqs: list[Sequence]) -> None:
+        """Give a (re)started worker the sequences it does not hold yet."""
+        gen = self.handle.generation
+        todo = [s for s in seqs if self.states[s.request_id].generation != gen]
+        if not todo or not self.handle.up:
+            return
+        # everything but the pending token (right after the target's prefill: the prompt)
+        cached = {s.request_id: s.all_ids[:-1] if s.output_ids else s.all_ids for s in todo}
+        msg = {"op": "prefill", "seqs": [
+            {"sid": s.request_id, "tokens": cached[s.request_id], "params": self._params(s),
+             "seed": s.rng.seed, "fanout": self._plan(s, self.k)} for s in todo]}  # fmt: skip
+        try:
+            self.handle.notify(msg)
+        except ChannelError:
+            self._lost("prefill")
+            return
+        for s in todo:
+            st = self.states[s.request_id]
+            st.generation, st.worker_len = gen, len(cached[s.request_id])
+            st.ready = None
+
+    def after_prefill(self, seqs: list[Sequence]) -> None:
+        self._sync(seqs)
+
+    # -- the round ---------------------------------------------------------------------------
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        self._sync(seqs)
+        specs: list[Speculation | None] = [self.states[s.request_id].ready for s in seqs]
+        need = [i for i, sp in enumerate(specs) if sp is None and ks[i] > 0]
+        if need:
+            t = time.perf_counter()
+            if self._use_neural(len(seqs)):
+                got = self._draft_now([seqs[i] for i in need])
+                for i, sp in zip(need, got):
+                    specs[i] = sp
+            for i in need:
+                st = self.states[seqs[i].request_id].stats
+                st["backup_rounds" if specs[i] is not None else "fallback_rounds"] += 1
+                st["backup_s"] += time.perf_counter() - t
+        return self._assemble(seqs, ks, specs)
+
+    def _use_neural(self, batch: int) -> bool:
+        if not self.handle.up:
+            return False
+        if self.backup == "auto":
+            # with batch b one neural miss stalls everyone: P(stall) = 1 - hit^b
+            return batch <= self.auto_batch_threshold
+        return self.backup == "neural"
+
+    def _draft_now(self, seqs: list[Sequence]) -> list[Speculation | None]:
+        items = []
+        for s in seqs:
+            st = self.states[s.request_id]
+            items.append({"sid": s.request_id, "start": st.worker_len,
+                          "catch_up": s.all_ids[st.worker_len :]})  # fmt: skip
+        t = time.perf_counter()
+        try:
+            reply = self.handle.request({"op": "draft", "k": self.k, "seqs": items})
+        except ChannelError:
+            self._lost("draft")
+            return [None] * len(seqs)
+        wait = time.perf_counter() - t
+        for s in seqs:
+            st = self.states[s.request_id]
+            st.worker_len = s.num_tokens - 1
+            st.stats["idle_s"] += wait
+        self._note_busy(reply, seqs)
+        return reply["specs"]
+
+    def _assemble(self, seqs, ks, specs) -> Proposal:
+        bsz = len(seqs)
+        rows_tokens: list[list[int]] = []
+        fallback_rows = [i for i, sp in enumerate(specs) if sp is None and ks[i] > 0]
+        fb = None
+        if fallback_rows:
+            fb = self.fallback.propose([seqs[i] for i in fallback_rows],
+                                       [ks[i] for i in fallback_rows])  # fmt: skip
+        kmax = max(ks)
+        tokens = torch.zeros(bsz, kmax, dtype=torch.int64)
+        q = torch.zeros(bsz, kmax, self.vocab)
+        k = torch.zeros(bsz, dtype=torch.int64)
+        for i, sp in enumerate(specs):
+            if ks[i] == 0:
+                rows_tokens.append([])
+                continue
+            if sp is None:
+                j = fallback_rows.index(i)
+                n = int(fb.k[j])
+                tokens[i, :n] = fb.tokens[j, :n]
+                q[i, :n] = fb.q[j, :n]
+                k[i] = n
+                continue
+            n = min(ks[i], len(sp.tokens))
+            tokens[i, :n] = torch.tensor(sp.tokens[:n], dtype=torch.int64)
+            for pos in range(n):
+                ids = torch.from_numpy(sp.q_ids[pos])
+                q[i, pos].index_add_(0, ids, torch.from_numpy(sp.q_probs[pos]).float())
+            k[i] = n
+        return Proposal(tokens, k, q)
+
+    def on_verify_start(self, seqs: list[Sequence], proposal: Proposal) -> None:
+        if not self.handle.up:
+            return
+        gen = self.handle.generation
+        items, members = [], []
+        for i, s in enumerate(seqs):
+            st = self.states[s.request_id]
+            st.ready = None
+            if st.generation != gen:
+                continue
+            kb = int(proposal.k[i])
+            b_prev = s.num_tokens - 1
+            items.append({
+                "sid": s.request_id, "start": st.worker_len,
+                "catch_up": s.all_ids[st.worker_len : b_prev],
+                "trunk": [s.all_ids[b_prev]] + proposal.tokens[i, :kb].tolist(),
+                "fanout": self._plan(s, kb),
+            })  # fmt: skip
+            members.append(st)
+        if not items:
+            return
+        try:
+            self.handle.notify({"op": "round", "k": self.k, "seqs": items})
+        except ChannelError:
+            self._lost("round")
+            return
+        for st in members:
+            st.in_round = True
+
+    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> None:
+        live = [(s, prev, n, t) for s, prev, n, t in zip(seqs, prev_lengths, num_accepted,
+                next_tokens) if self.states[s.request_id].in_round]  # fmt: skip
+        for s, *_ in live:
+            self.states[s.request_id].in_round = False
+        # sequences that finished this round need no speculation
+        ask = [(s, prev, n, t) for s, prev, n, t in live if not s.finished]
+        if not ask or not self.handle.up:
+            return
+        neural = self._use_neural(len(seqs))
+        msg = {"op": "outcome", "backup": neural, "seqs": [
+            {"sid": s.request_id, "k": n, "token": t} for s, _, n, t in ask]}  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            reply = self.handle.request(msg)
+        except ChannelError:
+            self._lost("outcome")
+            return
+        wait = time.perf_counter() - t0
+        for i, (s, prev, n, _) in enumerate(ask):
+            st = self.states[s.request_id]
+            hit = reply["hits"][i]
+            st.worker_len = prev + n  # b_prev and the accepted drafts; the token is pending
+            st.ready = reply["specs"][i]
+            stats = st.stats
+            stats["idle_s"] += wait
+            stats["lookups"] += 1
+            stats["hits"] += hit
+            stats["lookups_by_k"][n] = stats["lookups_by_k"].get(n, 0) + 1
+            stats["hits_by_k"][n] = stats["hits_by_k"].get(n, 0) + hit
+            if not hit and st.ready is not None:
+                stats["backup_rounds"] += 1
+        self._note_busy(reply, [s for s, *_ in ask])
+
+    def _note_busy(self, reply: dict, seqs: list[Sequence]) -> None:
+        busy = reply.get("busy_s", 0.0)
+        delta = max(0.0, busy - self._busy_seen)
+        self._busy_seen = busy
+        for s in seqs:
+            self.states[s.request_id].stats["worker_busy_s"] += delta
+
+
+def ssd_metrics(stats: dict) -> dict:
+    """Per-request SSD metrics (keys start with ``ssd_``)."""
+    look = stats["lookups"]
+    by_k = {k: stats["hits_by_k"].get(k, 0) / n for k, n in sorted(stats["lookups_by_k"].items())}
+    return {
+        "ssd_hit_rate": stats["hits"] / look if look else 0.0,
+        "ssd_hit_rate_by_k": by_k,
+        "ssd_lookups": look,
+        "ssd_target_idle_s": stats["idle_s"],
+        "ssd_drafter_busy_s": stats["worker_busy_s"],
+        "ssd_backup_rounds": stats["backup_rounds"],
+        "ssd_fallback_rounds": stats["fallback_rounds"],
+        "ssd_worker_failures": stats["failures"],
+    }
