@@ -214,12 +214,18 @@ def test_chat_greedy_equals_python_api(server, ref):
 
 
 def test_chat_default_max_tokens_is_the_rest_of_the_context(server, ref):
-    messages = [{"role": "user", "content": "w9 w8"}]
+    messages = [{"role": "user", "content": " ".join(f"w{3 + i % 26}" for i in range(480))}]
     prompt_ids = ref.chat_prompt(messages)
-    want = greedy(ref, prompt_ids, ref.max_model_len - len(prompt_ids))
-    r = client(server).chat.completions.create(model=MODEL, messages=messages, temperature=0)
+    rest = ref.max_model_len - len(prompt_ids)
+    assert 0 < rest < 40
+    want = greedy(ref, prompt_ids, rest, ignore_eos=True)
+    r = client(server).chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].message.content == want.text
-    assert r.usage.total_tokens <= ref.max_model_len
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == rest
+    assert r.usage.total_tokens == ref.max_model_len
 
 
 def test_seeded_sampling_equals_python_api(server, ref):
@@ -319,6 +325,65 @@ def test_32_concurrent_streaming_clients(server, ref):
     assert got == want
     assert engine.steps - steps0 < 32 * 24  # some rounds decoded several requests together
     assert_idle(server)
+
+
+@pytest.mark.parametrize("method", ["sd", "ngram"])
+def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs, ref, method):
+    kw = {"draft_model": tiny_dirs["draft"]} if method == "sd" else {}
+    llm = LLM(tiny_dirs["llama"], method=method, num_speculative_tokens=3, dtype="float32", **kw)
+    prompt = "w3 w4 w5 w3 w4 w5 w3 w4"  # repeats: prompt lookup has something to propose
+    want = greedy(ref, prompt, 24, ignore_eos=True)  # AR: speculative decoding is lossless
+    with ServerThread(create_app(llm, MODEL, max_num_seqs=4)) as srv:
+        c = client(srv)
+        kw = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        kw["extra_body"] = {"ignore_eos": True}
+        r = c.completions.create(**kw)
+        assert r.choices[0].text == want.text
+        spec = r.model_dump()["speculative"]
+        assert spec["method"] == method
+        assert 0 <= spec["acceptance_rate"] <= 1 and spec["mean_tokens_per_round"] >= 1
+        assert spec["drafted_tokens"] > 0
+        usage = {"include_usage": True}
+        chunks = list(c.completions.create(stream=True, stream_options=usage, **kw))
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want.text
+        assert "acceptance_rate" in chunks[-1].model_dump()["speculative"]
+        drafted = metric(srv, "specdec_draft_tokens_total")
+        accepted = metric(srv, "specdec_accepted_tokens_total")
+        assert drafted > 0
+        assert metric(srv, "specdec_acceptance_rate") == pytest.approx(accepted / drafted)
+        assert_idle(srv)
+
+
+def test_ssd_and_aggregate_metrics():
+    """SSD hit rates reach /metrics and the ``speculative`` object (no SSD server needed)."""
+    from specdec.server.app import speculative_info
+    from specdec.server.metrics import ServerMetrics
+
+    per_request = [
+        {"method": "ssd", "generated_tokens": 10, "wall_time_s": 1.0, "rounds": 4,
+         "drafted_tokens": 12, "accepted_tokens": 6, "acceptance_rate": 0.5,
+         "mean_tokens_per_round": 2.5, "accepted_length_histogram": {1: 2, 2: 2},
+         "ssd_hit_rate": 0.5, "ssd_hit_rate_by_k": {1: 0.5}, "ssd_lookups": 4},
+        {"method": "ssd", "generated_tokens": 20, "wall_time_s": 2.0, "rounds": 4,
+         "drafted_tokens": 12, "accepted_tokens": 12, "acceptance_rate": 1.0,
+         "mean_tokens_per_round": 4.0, "accepted_length_histogram": {3: 4},
+         "ssd_hit_rate": 1.0, "ssd_hit_rate_by_k": {1: 1.0}, "ssd_lookups": 4},
+    ]  # fmt: skip
+    m = ServerMetrics()
+    for pr in per_request:
+        m.finished(pr)
+    text = m.render().decode()
+    assert "specdec_ssd_hit_rate 0.75" in text
+    assert 'specdec_ssd_metric{key="ssd_lookups"} 4.0' in text
+    assert "specdec_acceptance_rate 0.75" in text
+    one = speculative_info(per_request[:1], "ssd")
+    assert one["ssd_hit_rate"] == 0.5 and one["ssd_hit_rate_by_k"] == {1: 0.5}
+    assert one["acceptance_rate"] == 0.5 and one["mean_tokens_per_round"] == 2.5
+    both = speculative_info(per_request, "ssd")
+    assert both["acceptance_rate"] == 18 / 24
+    assert both["mean_tokens_per_round"] == (18 + 8) / 8
+    assert both["ssd_hit_rate"] == 0.75
+    assert both["tokens_per_s"] == 30 / 2.0
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -609,7 +674,7 @@ def test_specdec_serve_command(tiny_dirs, monkeypatch):
     folder = str(tiny_dirs["llama"])
     seen = {}
 
-    def run(app, host, port, log_level):
+    def run(app, host, port, **kw):
         seen.update(host=host, port=port)
         with ServerThread(app) as srv:
             assert httpx.get(f"{srv.url}/health", timeout=TIMEOUT).status_code == 200

@@ -157,6 +157,21 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+class _EngineStream(StreamingResponse):
+    """A streaming response that runs ``on_exit`` however it ends, even when the client
+    disconnects before the body generator ever started (its ``finally`` would not run)."""
+
+    def __init__(self, content, on_exit, **kw):
+        super().__init__(content, **kw)
+        self.on_exit = on_exit
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_exit()
+
+
 # -- middleware: API key and body size ---------------------------------------------------------
 class GuardMiddleware:
     """Pure ASGI: checks ``Authorization: Bearer KEY`` (every path but /health) and caps the
@@ -268,7 +283,11 @@ def create_app(
         on_finished=metrics.finished,
     )
     metrics.bind_engine(
-        lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.alive
+        running=lambda: engine.num_running,
+        waiting=lambda: engine.num_waiting,
+        alive=lambda: engine.alive,
+        busy=lambda: engine.busy_s,
+        steps=lambda: engine.steps,
     )
     created = int(time.time())
 
@@ -469,17 +488,16 @@ def create_app(
                 texts[ev.index] += ev.text
                 if ev.finish_reason is not None:
                     reasons[ev.index], ms[ev.index] = ev.finish_reason, ev.metrics
-        except ClientGone:
-            engine.abort(handle)
-            metrics.count("aborted")
-            raise
-        except BaseException:
-            if not handle.done:
-                engine.abort(handle)
-                metrics.count("aborted")
+        except BaseException:  # ClientGone, cancellation, engine failure
+            abort(handle)
             raise
         metrics.count("success")
         return texts, reasons, ms
+
+    def abort(handle: RequestHandle) -> None:
+        """Cancel what is left of a request (idempotent; counted once)."""
+        if not handle.done and engine.abort(handle):
+            metrics.count("aborted")
 
     def stream(gen: AsyncIterator[str], handle: RequestHandle) -> StreamingResponse:
         async def guarded():
@@ -493,12 +511,11 @@ def create_app(
                 body = error_body(exc.message, type=exc.type, code=exc.code)
                 yield f"data: {json.dumps(body)}\n\n"
             finally:
-                if not handle.done:  # the client went away (or we failed): free its rows
-                    engine.abort(handle)
-                    metrics.count("aborted")
+                abort(handle)  # the client went away (or we failed): free its rows
 
-        return StreamingResponse(
+        return _EngineStream(
             guarded(),
+            on_exit=lambda: abort(handle),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -781,6 +798,8 @@ def serve(args: argparse.Namespace) -> int:
             args.host,
         )
     print(f"specdec serve: http://{args.host}:{args.port}/v1 (model '{args.model}')", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
     llm.close()
     return 0

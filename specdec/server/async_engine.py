@@ -95,7 +95,8 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.steps = 0
+        self.steps = 0  # engine steps run
+        self.busy_s = 0.0  # seconds spent in engine.step
 
     # -- lifetime ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -188,8 +189,10 @@ class AsyncEngine:
                 if not self.engine.has_work():
                     self._wake.wait()
                     continue
+                t0 = time.perf_counter()
                 touched = self.engine.step()
                 self.steps += 1
+                self.busy_s += time.perf_counter() - t0
                 self._deliver(touched)
         except BaseException as exc:  # noqa: BLE001 - any failure stops the engine
             self.error = exc
@@ -197,6 +200,9 @@ class AsyncEngine:
             self._fail_all(f"the engine failed: {type(exc).__name__}: {exc}")
 
     def _deliver(self, touched: list[Sequence]) -> None:
+        """Hand each touched sequence's news to its request: one wake-up of each event loop
+        per step, however many sequences moved."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, Event]]] = {}
         for seq in touched:
             owner = self._owners.get(seq.request_id)
             if owner is None:  # aborted meanwhile
@@ -213,16 +219,28 @@ class AsyncEngine:
                         self.on_finished(m)
                     except Exception:  # noqa: BLE001 - metrics must not kill the engine
                         log.exception("recording metrics failed")
-                self._push(handle, Event(index, text, seq.finish_reason, m))
+                ev = Event(index, text, seq.finish_reason, m)
             elif text:
-                self._push(handle, Event(index, text))
+                ev = Event(index, text)
+            else:
+                continue
+            batches.setdefault(handle.loop, []).append((handle, ev))
+        for loop, items in batches.items():
+            self._post(loop, items)
 
-    def _push(self, handle: RequestHandle, ev: Event) -> None:
+    @staticmethod
+    def _post(loop: asyncio.AbstractEventLoop, items: list[tuple[RequestHandle, Event]]) -> None:
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening
-            handle.loop.call_soon_threadsafe(handle.queue.put_nowait, ev)
+            loop.call_soon_threadsafe(_dispatch, items)
 
     def _fail_all(self, message: str) -> None:
         with self._lock:
             owners, self._owners = self._owners, {}
         for handle, index in owners.values():
-            self._push(handle, Event(index, error=message))
+            self._post(handle.loop, [(handle, Event(index, error=message))])
+
+
+def _dispatch(items: list[tuple[RequestHandle, Event]]) -> None:
+    """On the event loop: put each event on its request's queue."""
+    for handle, ev in items:
+        handle.queue.put_nowait(ev)

@@ -13,7 +13,8 @@ Exposed at ``GET /metrics``:
   ``specdec_acceptance_rate`` (accepted / drafted over all finished requests; speculative
   methods only), ``specdec_ssd_hit_rate`` (mean over finished SSD requests) and
   ``specdec_ssd_metric{key}`` (mean of every numeric ``ssd_*`` request metric)
-- ``specdec_engine_alive`` (1 while the engine thread runs)
+- ``specdec_engine_alive`` (1 while the engine thread runs), ``specdec_engine_busy_seconds``
+  and ``specdec_engine_steps`` (time in and number of engine steps: busy / wall = utilisation)
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class ServerMetrics:
             "specdec_num_requests_waiting", "Sequences waiting for a batch slot", registry=r
         )
         self.alive = Gauge("specdec_engine_alive", "1 while the engine thread runs", registry=r)
+        self.busy = Gauge(
+            "specdec_engine_busy_seconds", "Seconds the engine thread spent in steps", registry=r
+        )
+        self.steps = Gauge("specdec_engine_steps", "Engine steps (rounds) run", registry=r)
         self.drafted = Counter(
             "specdec_draft_tokens", "Draft tokens proposed (speculative methods)", registry=r
         )
@@ -114,8 +119,15 @@ class ServerMetrics:
         )
 
     def bind_engine(
-        self, running: Callable[[], float], waiting: Callable[[], float], alive: Callable[[], bool]
+        self,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        alive: Callable[[], bool],
+        busy: Callable[[], float] = lambda: 0.0,
+        steps: Callable[[], float] = lambda: 0.0,
     ) -> None:
+        self.busy.set_function(busy)
+        self.steps.set_function(steps)
         self.running.set_function(running)
         self.waiting.set_function(waiting)
         self.alive.set_function(lambda: 1.0 if alive() else 0.0)

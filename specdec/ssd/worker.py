@@ -140,8 +140,10 @@ class DraftWorker:
             sid = item["sid"]
             if sid in self.seqs:
                 self.release({"sids": [sid]})
-            st = _Seq(self.cache.allocate(), SamplingParams(**item["params"]),
-                      random.Random(item["seed"]))  # fmt: skip
+            # the drafter's own stream: derived from the request's seed (reproducible) but
+            # never the target's own draws, which decide acceptance and must be independent
+            rng = random.Random(f"specdec-ssd-drafter:{item['seed']}")
+            st = _Seq(self.cache.allocate(), SamplingParams(**item["params"]), rng)
             st.fanout = item.get("fanout", [])
             self.seqs[sid] = st
         states = [self.seqs[i["sid"]] for i in msg["seqs"]]

@@ -1,0 +1,217 @@
+"""SSD on tiny models: exactness (greedy token-identical to AR with hits and misses, sampled
+output distributed as the target's under Saguaro sampling and both backups), the speculation
+cache's keys, fan-out plans, and fault tolerance (a SIGKILLed worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+from stats import chi_square_pvalue, exact_sequence_probs
+
+from specdec import LLM, SamplingParams
+from specdec.sampling import SamplingParams as SP
+from specdec.ssd.fanout import plan_fanout
+from specdec.ssd.worker import DraftWorker, WorkerConfig
+
+PROMPTS = ["w3 w4 w5", "w10 w11 w10 w11", "w7", "w1 w2 w3 w4 w5 w6 w7 w8"]
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+def workers_of_this_process() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if "specdec.ssd.worker" in " ".join(p.cmdline())]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ar_v16(tiny_dirs):
+    return LLM(tiny_dirs["v16"], dtype="float32")
+
+
+def ssd(tiny_dirs, **kw):
+    kw.setdefault("draft_model", tiny_dirs["v16"])
+    kw.setdefault("draft_vocab", 12)  # a self-draft that cannot say 4 of the 16 tokens: misses
+    return LLM(tiny_dirs["v16"], method="ssd", dtype="float32", **kw)
+
+
+@pytest.mark.parametrize("backup", ["neural", "fast"])
+def test_greedy_ssd_token_identical_to_ar_with_hits_and_misses(tiny_dirs, ar_v16, backup):
+    want = [o.token_ids for o in ar_v16.generate(PROMPTS, GREEDY)]
+    with ssd(tiny_dirs, backup=backup) as llm:
+        single = [llm.generate([p], GREEDY)[0] for p in PROMPTS]  # batch 1
+        batched = llm.generate(PROMPTS, GREEDY)  # batch 4
+    for outs in (single, batched):
+        assert [o.token_ids for o in outs] == want
+        hits = sum(o.metrics["ssd_hit_rate"] * o.metrics["ssd_lookups"] for o in outs)
+        lookups = sum(o.metrics["ssd_lookups"] for o in outs)
+        assert 0 < hits < lookups, "both cache hits and misses must happen"
+
+
+def test_pipelining_only_variant_is_exact(tiny_dirs, ar_v16):
+    want = [o.token_ids for o in ar_v16.generate(PROMPTS, GREEDY)]
+    with ssd(tiny_dirs, fanout="pipeline", speculation_budget=1) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    assert all(set(o.metrics["ssd_hit_rate_by_k"]) for o in outs)
+
+
+LENGTH = 4
+N = 2000
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"saguaro_c": 1.0, "backup": "neural"},
+        {"saguaro_c": 0.5, "backup": "neural"},
+        {"saguaro_c": 0.5, "backup": "fast"},
+        {"saguaro_c": 0.7, "backup": "neural", "fanout": "pipeline", "speculation_budget": 1},
+    ],
+    ids=["c1-neural", "c0.5-neural", "c0.5-fast", "forced-misses"],
+)
+def test_sampled_ssd_follows_target_distribution(tiny_dirs, kw):
+    params = SamplingParams(temperature=1.0, max_tokens=LENGTH)
+    # K = 1 so that 4 tokens take several rounds: speculation-cache lookups really happen
+    with ssd(tiny_dirs, draft_model=tiny_dirs["v16_draft"], draft_vocab=None,
+             num_speculative_tokens=1, **kw) as llm:  # fmt: skip
+        prompt = llm.tokenizer.encode("w3 w4 w5 w3 w4")
+        outs = llm.generate([prompt] * N, params)
+        eos = llm.eos_token_ids[0]
+        m = llm.metrics()
+    samples = [tuple(o.token_ids) + ((eos,) if o.finish_reason == "stop" else ()) for o in outs]
+    exact = exact_sequence_probs(tiny_dirs["v16"], prompt, params, LENGTH, {eos})
+    assert m["drafted_tokens"] > 500 and 0 < m["accepted_tokens"] < m["drafted_tokens"]
+    lookups = sum(o.metrics["ssd_lookups"] for o in outs)
+    hits = sum(o.metrics["ssd_hit_rate"] * o.metrics["ssd_lookups"] for o in outs)
+    assert 0 < hits < lookups
+    assert chi_square_pvalue(samples, exact) > 1e-3
+
+
+# -- the cache's keys ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_worker(tiny_dirs):
+    """The worker's logic in this process (no subprocess): for looking inside its cache."""
+    cfg = WorkerConfig(
+        draft_path=str(tiny_dirs["v16_draft"]), dtype="float32", device="cpu", quantization=None,
+        head_ids=None, tokenizer_vocab=16, target_vocab=16, max_rows=2, max_len=64, k=3,
+        budget=6, saguaro_c=1.0, sparse_q=8, cpu_cores=None, num_threads=None, host="", port=0,
+    )  # fmt: skip
+    return DraftWorker(cfg)
+
+
+def test_rejected_token_never_hits_and_known_outcomes_hit(local_worker):
+    w = local_worker
+    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
+    w.prefill({"seqs": [{"sid": "a", "tokens": [3, 4, 5, 6], "params": params, "seed": 0}]})
+    trunk = [7, 8, 9, 10]  # b_prev, d_1..d_3
+    fan = [2, 2, 1, 1]
+    w.round({"seqs": [{"sid": "a", "start": 4, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    keys = w.seqs["a"].specs.keys()
+    assert len(keys) == sum(fan)
+    for k, tok in keys:
+        if k + 1 < len(trunk):
+            assert tok != trunk[k + 1], "a rejected draft can never be the replacement"
+    k, tok = keys[0]
+    reply = w.outcome({"backup": False, "seqs": [{"sid": "a", "k": k, "token": tok}]})
+    assert reply["hits"] == [True] and len(reply["specs"][0].tokens) == 3
+    # the cache now holds b_prev and the k accepted drafts; the emitted token is pending
+    assert w.seqs["a"].length == 4 + 1 + k
+    w.round({"seqs": [{"sid": "a", "start": 4 + 1 + k, "catch_up": [],
+                       "trunk": [tok] + reply["specs"][0].tokens, "fanout": fan}]})  # fmt: skip
+    rejected = (0, w.seqs["a"].trunk[1])  # "0 accepted, then d_1" cannot happen
+    reply = w.outcome({"backup": False, "seqs": [{"sid": "a", "k": rejected[0],
+                                                  "token": rejected[1]}]})  # fmt: skip
+    assert reply["hits"] == [False] and reply["specs"] == [None]
+    w.release({"sids": ["a"]})
+
+
+def test_tree_drafts_equal_separate_drafting(local_worker):
+    """Each branch drafted in the shared tree equals drafting that branch on its own."""
+    w = local_worker
+    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
+    prompt, trunk, fan = [3, 4, 5], [6, 7, 8, 9], [1, 1, 1, 2]
+    w.prefill({"seqs": [{"sid": "t", "tokens": prompt, "params": params, "seed": 0}]})
+    w.round({"seqs": [{"sid": "t", "start": 3, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    specs = {key: w.seqs["t"].specs.lookup(*key) for key in w.seqs["t"].specs.keys()}
+    w.release({"sids": ["t"]})
+    for (k, tok), spec in specs.items():
+        w.prefill({"seqs": [{"sid": "s", "tokens": prompt, "params": params, "seed": 0}]})
+        alone = w.draft({"seqs": [{"sid": "s", "start": 3, "catch_up": trunk[: k + 1] + [tok]}]})
+        assert alone["specs"][0].tokens == spec.tokens
+        w.release({"sids": ["s"]})
+
+
+def test_fanout_plans():
+    geo = plan_fanout(8, 4, alpha=0.9, kind="geometric")
+    assert sum(geo) == 8 and geo[4] == max(geo) and geo[0] >= geo[3]
+    assert plan_fanout(10, 4, alpha=0.5, kind="uniform") == [2, 2, 2, 2, 2]
+    assert plan_fanout(5, 3, alpha=0.9, kind="pipeline") == [0, 0, 0, 1]
+    assert plan_fanout(1, 4, alpha=0.2, kind="geometric")[4] == 1  # all-accepted always covered
+    with pytest.raises(ValueError, match="fanout"):
+        plan_fanout(4, 2, 0.5, kind="wide")
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_sigkilled_worker_request_completes_identically(tiny_dirs, ar_v16):
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    want = ar_v16.generate(["w3 w4 w5"], params)[0]
+    llm = ssd(tiny_dirs, ssd_timeout_s=10)
+    try:
+        pid = llm.decoder.drafter.handle.pid
+        pieces = []
+        for i, piece in enumerate(llm.generate_stream("w3 w4 w5", params)):
+            pieces.append(piece)
+            if i == 3:
+                os.kill(pid, signal.SIGKILL)
+        assert "".join(pieces) == want.text
+        out = llm.last_output
+        assert out.token_ids == want.token_ids
+        assert out.metrics["ssd_worker_failures"] >= 1
+        assert llm.decoder.drafter.handle.failures
+        # the next request works, on the restarted worker once it is up
+        deadline = time.time() + 60
+        while not llm.decoder.drafter.handle.up and time.time() < deadline:
+            time.sleep(0.2)
+        assert llm.decoder.drafter.handle.up and llm.decoder.drafter.handle.pid != pid
+        again = llm.generate(["w3 w4 w5"], params)[0]
+        assert again.token_ids == want.token_ids
+        assert again.metrics["ssd_lookups"] > 0
+    finally:
+        llm.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert workers_of_this_process() == []
+
+
+def test_close_leaves_no_process_behind(tiny_dirs):
+    with ssd(tiny_dirs) as llm:
+        pid = llm.decoder.drafter.handle.pid
+        assert psutil.pid_exists(pid)
+        llm.generate(["w3"], SamplingParams(temperature=0, max_tokens=5))
+    time.sleep(0.2)
+    assert workers_of_this_process() == []
+
+
+def test_bad_ssd_options(tiny_dirs):
+    for kw, msg in [({"saguaro_c": 0.0}, "saguaro_c"), ({"speculation_budget": 0}, "budget"),
+                    ({"fanout": "wide"}, "fanout"), ({"backup": "maybe"}, "backup")]:  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            ssd(tiny_dirs, **kw)
+    assert workers_of_this_process() == []
+
+
+def test_saguaro_distribution_is_exact_proposal():
+    """q' keeps q's top tokens with the top-F scaled by C: a proper distribution whose
+    support is what the worker reports (so the verifier's q' is the sampled one)."""
+    from specdec.ssd.worker import saguaro
+
+    q = torch.softmax(torch.randn(50, dtype=torch.float64), -1)
+    ids, probs = saguaro(q, fanout=3, c=0.5, sparse=10)
+    assert len(ids) == 10 and abs(float(probs.sum()) - 1) < 1e-12
+    top = q.topk(10).values
+    ratio = probs / top
+    assert torch.allclose(ratio[:3] / ratio[3], torch.full((3,), 0.5, dtype=torch.float64))
+    assert SP(temperature=0).greedy
