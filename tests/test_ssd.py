@@ -110,7 +110,7 @@ def test_rejected_token_never_hits_and_known_outcomes_hit(local_worker):
     trunk = [7, 8, 9, 10]  # b_prev, d_1..d_3
     fan = [2, 2, 1, 1]
     w.round({"seqs": [{"sid": "a", "start": 4, "catch_up": [], "trunk": trunk, "fanout": fan}]})
-    keys = w.seqs["a"].specs.keys()
+    keys = w.seqs["a"].specs.outcomes()
     assert len(keys) == sum(fan)
     for k, tok in keys:
         if k + 1 < len(trunk):
@@ -136,7 +136,7 @@ def test_tree_drafts_equal_separate_drafting(local_worker):
     prompt, trunk, fan = [3, 4, 5], [6, 7, 8, 9], [1, 1, 1, 2]
     w.prefill({"seqs": [{"sid": "t", "tokens": prompt, "params": params, "seed": 0}]})
     w.round({"seqs": [{"sid": "t", "start": 3, "catch_up": [], "trunk": trunk, "fanout": fan}]})
-    specs = {key: w.seqs["t"].specs.lookup(*key) for key in w.seqs["t"].specs.keys()}
+    specs = {key: w.seqs["t"].specs.lookup(*key) for key in w.seqs["t"].specs.outcomes()}
     w.release({"sids": ["t"]})
     for (k, tok), spec in specs.items():
         w.prefill({"seqs": [{"sid": "s", "tokens": prompt, "params": params, "seed": 0}]})

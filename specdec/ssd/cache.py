@@ -34,5 +34,5 @@ class SpeculationCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def keys(self) -> list[tuple[int, int]]:
+    def outcomes(self) -> list[tuple[int, int]]:
         return list(self._entries)
