@@ -63,7 +63,13 @@ static inline void micro(const float *x, long K, const typename W::T *w, const f
     for (int i = 0; i < MT; i++)
         for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
     const long K8 = K & ~7L;
+    // weights are streamed once: prefetch the next tile's rows (short rows defeat the
+    // hardware prefetcher; this is worth ~40% of bandwidth at K = 896)
+    constexpr long LINE = 64 / sizeof(typename W::T);
     for (long k = 0; k < K8; k += 8) {
+        if ((k & (LINE - 1)) == 0)
+            for (int t = 0; t < NT; t++)
+                _mm_prefetch((const char *)(w + (NT + t) * K + k), _MM_HINT_T0);
         __m256 wv[NT];
         for (int t = 0; t < NT; t++) wv[t] = W::load(w + t * K + k);
         for (int i = 0; i < MT; i++) {
