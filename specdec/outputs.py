@@ -39,7 +39,7 @@ def request_metrics(seq: Sequence, method: str) -> dict:
     if "ssd" in s.extra:
         from specdec.ssd.drafter import ssd_metrics
 
-        m.update(ssd_metrics(s.extra["ssd"]))
+        m.update(ssd_metrics(s))
     return m
 
 

@@ -45,7 +45,7 @@ def test_speculative_rows_report_acceptance_and_match_ar(tiny_dirs, tmp_path):
     """Our speculative rows (those implemented so far) on the tiny fp32 pair: greedy output
     equals greedy AR, and a draft model's acceptance and tokens per round are recorded."""
     model = str(tiny_dirs["llama"])
-    rows = [m for m in METHODS if m.kind == "ours" and m.label != "ar"]
+    rows = [m for m in METHODS if m.kind == "ours" and m.label != "ar" and m.group == "main"]
     rows = [m for m in rows if unavailable_reason(m, model) is None]
     if not rows:
         pytest.skip("no speculative method implemented yet")
@@ -72,8 +72,12 @@ def test_method_rows_are_filtered_by_availability(tiny_dirs):
     labels = [m.label for m in select_methods(None, str(tiny_dirs["llama"]))]
     assert labels[0] == "ar" and "hf" in labels
     for m in METHODS:
-        if m.kind == "ours":
+        if m.kind == "ours" and m.group == "main":
             assert (m.label in labels) == (m.kwargs["method"] in available_methods())
+        if m.group != "main":
+            assert m.label not in labels  # the SSD study rows run only when asked for
+    study = [m.label for m in select_methods("ar,ssd-study", str(tiny_dirs["llama"]))]
+    assert "ssd-uniform" in study and "sd-1core" in study and study[0] == "ar"
     assert "llamacpp" not in labels  # an HF folder has no GGUF file behind it
 
 

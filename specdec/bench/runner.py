@@ -68,6 +68,14 @@ class MethodSpec:
     kind: str  # "ours" | "hf" | "llamacpp"
     kwargs: dict = field(default_factory=dict)
     note: str = ""
+    group: str = "main"  # "main" rows run by default; "ssd-study" (core layouts, ablations) asked
+
+
+STUDY = "ssd-study"  # the group of rows that compare SSD's core layouts and ablations
+
+
+def _ssd(label: str, note: str, **kw) -> MethodSpec:
+    return MethodSpec(label, "ours", {"method": "ssd", "draft_model": DRAFT, **kw}, note, STUDY)
 
 
 METHODS: tuple[MethodSpec, ...] = (
@@ -80,10 +88,38 @@ METHODS: tuple[MethodSpec, ...] = (
         "speculative, K=4",
     ),
     MethodSpec("ngram", "ours", {"method": "ngram"}, "prompt-lookup drafting"),
-    MethodSpec("ssd", "ours", {"method": "ssd", "draft_model": DRAFT}, "speculative speculative"),
+    MethodSpec(
+        "ssd",
+        "ours",
+        {"method": "ssd", "draft_model": DRAFT},
+        "speculative speculative: target core 0, drafter core 1",
+    ),  # fmt: skip
     MethodSpec("hf", "hf", {}, "transformers generate"),
     MethodSpec("hf-assisted", "hf", {"assistant_model": DRAFT}, "transformers assisted generation"),
     MethodSpec("llamacpp", "llamacpp", {}, "llama-cpp-python on the GGUF file"),
+    # SSD comparisons: core layouts (``cpu_cores`` pins a row; it then uses one thread per core)
+    MethodSpec("ar-1core", "ours", {"method": "ar", "cpu_cores": [0]}, "AR on core 0", STUDY),
+    MethodSpec(
+        "sd-1core",
+        "ours",
+        {"method": "sd", "draft_model": DRAFT, "cpu_cores": [0]},
+        "SD, target and drafter on core 0 (the paper's SD baseline)",
+        STUDY,
+    ),
+    # SSD ablations (C only matters when sampling: run those with --temperature > 0)
+    _ssd("ssd-uniform", "uniform fan-out", fanout="uniform"),
+    _ssd(
+        "ssd-pipeline",
+        "pipelining only: cache k=K with its top-1 token",
+        fanout="pipeline",
+        speculation_budget=1,
+    ),  # fmt: skip
+    _ssd("ssd-fast", "fast backup (prompt lookup) on a miss", backup="fast"),
+    _ssd("ssd-neural", "neural backup on a miss", backup="neural"),
+    _ssd("ssd-b2", "speculation budget B=2", speculation_budget=2),
+    _ssd("ssd-b8", "speculation budget B=8", speculation_budget=8),
+    _ssd("ssd-c0.5", "Saguaro C=0.5", saguaro_c=0.5),
+    _ssd("ssd-c0.8", "Saguaro C=0.8", saguaro_c=0.8),
 )
 
 
@@ -109,7 +145,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "--prompts-per-type", type=int, default=None, help="prompts of each type (default 2)"
     )
     p.add_argument(
-        "--methods", default=None, help=f"comma list of {labels} (default: all available)"
+        "--methods",
+        default=None,
+        help=f"comma list of {labels}; 'main' or 'ssd-study' name a group "
+        "(default: the available main rows)",
     )
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument(
@@ -161,10 +200,16 @@ def select_methods(text: str | None, model: str) -> list[MethodSpec]:
     by_label = {m.label: m for m in METHODS}
     why = {m.label: unavailable_reason(m, model) for m in METHODS}
     available = [m.label for m in METHODS if why[m.label] is None]
+    group = {m.label: m.group for m in METHODS}
     if text is None:
-        chosen = available
+        chosen = [label for label in available if group[label] == "main"]
     else:
-        chosen = [s.strip() for s in text.split(",") if s.strip()]
+        chosen = []
+        for item in (s.strip() for s in text.split(",")):
+            if item in ("main", STUDY):  # a whole group
+                chosen += [label for label in available if group[label] == item]
+            elif item:
+                chosen.append(item)
         if not chosen:
             raise ValueError(f"--methods is empty; available: {', '.join(available)}")
         for label in chosen:
@@ -237,13 +282,10 @@ class OursEngine:
     def __init__(self, spec: MethodSpec, args, max_len: int):
         from specdec import LLM
 
-        self.llm = LLM(
-            model=args.model,
-            dtype=args.dtype,
-            num_threads=args.threads,
-            max_model_len=max_len,
-            **_fill_draft(spec.kwargs, args.draft_model),
-        )
+        kwargs = _fill_draft(spec.kwargs, args.draft_model)
+        if "cpu_cores" not in kwargs and kwargs["method"] != "ssd":
+            kwargs["num_threads"] = args.threads  # pinned rows use one thread per core
+        self.llm = LLM(model=args.model, dtype=args.dtype, max_model_len=max_len, **kwargs)
 
     def run(self, ids: list[int], n: int, temperature: float, seed: int) -> RunResult:
         from specdec import SamplingParams
@@ -258,7 +300,11 @@ class OursEngine:
         (out,) = self.llm.generate(ids, params)
         wall = time.perf_counter() - t0
         m = out.metrics
-        extra = {k: m[k] for k in ("acceptance_rate", "mean_tokens_per_round") if k in m}
+        keys = ("acceptance_rate", "mean_tokens_per_round", "ssd_hit_rate", "ssd_target_idle_s",
+                "verify_time_s", "draft_time_s", "rounds", "ssd_backup_rounds",
+                "ssd_model_tokens_per_s", "ssd_model_t_verify_s",
+                "ssd_model_t_backup_s")  # fmt: skip
+        extra = {k: m[k] for k in keys if k in m}
         return RunResult(
             out.token_ids,
             m.get("decode_tokens_per_s"),
@@ -484,6 +530,8 @@ def summarize_types(per_prompt: list[dict], types: list[str]) -> dict:
             "ttft_s": _median(p["ttft_s"] for p in rows),
             "acceptance_rate": _median(p.get("acceptance_rate") for p in rows),
             "mean_tokens_per_round": _median(p.get("mean_tokens_per_round") for p in rows),
+            "ssd_hit_rate": _median(p.get("ssd_hit_rate") for p in rows),
+            "ssd_model_tokens_per_s": _median(p.get("ssd_model_tokens_per_s") for p in rows),
             "same_as_ar": all(same) if same else None,
             "same_as_ar_prompts": sum(same),
         }
@@ -554,8 +602,11 @@ def format_table(report: dict) -> str:
     """Decode tokens/s per method and prompt type (with the speedup over our AR), end-to-end
     tokens/s, acceptance, tokens per round and agreement with AR."""
     types = [t for t in report["config"]["types"]] + ["all"]
-    head = ["method"] + [f"{t} tok/s" for t in types] + ["e2e tok/s", "accept", "tok/round",
-                                                           "same as AR"]  # fmt: skip
+    head = (
+        ["method"]
+        + [f"{t} tok/s" for t in types]
+        + ["e2e tok/s", "accept", "tok/round", "hit", "model tok/s", "same as AR"]
+    )
     rows = [head]
     for label, res in report["methods"].items():
         cells = [label]
@@ -572,6 +623,8 @@ def format_table(report: dict) -> str:
             _fmt(total["e2e_tokens_per_s"]),
             _fmt(total["acceptance_rate"], ".3f"),
             _fmt(total["mean_tokens_per_round"]),
+            _fmt(total.get("ssd_hit_rate"), ".2f"),
+            _fmt(total.get("ssd_model_tokens_per_s")),
             "-"
             if same is None
             else f"{'yes' if same else 'no'} ({total['same_as_ar_prompts']}/{total['prompts']})",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.controller import SpeculationController
+from specdec.controller import SpeculationController, expected_tokens
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.ngram import NgramDrafter
 from specdec.sequence import Sequence
@@ -291,12 +291,16 @@ class SSDDrafter(Drafter):
             self.states[s.request_id].stats["worker_busy_s"] += delta
 
 
-def ssd_metrics(stats: dict) -> dict:
-    """Per-request SSD metrics (keys start with ``ssd_``)."""
+def ssd_metrics(seq_stats) -> dict:
+    """Per-request SSD metrics (keys start with ``ssd_``), with the speed model's prediction:
+    E = (1 - a^(K+1)) / (1 - a) tokens per round at acceptance a, and a round costs
+    T_verify + (1 - p_hit) * T_backup + T_other (drafting is off the critical path on a hit)."""
+    stats = seq_stats.extra["ssd"]
     look = stats["lookups"]
     by_k = {k: stats["hits_by_k"].get(k, 0) / n for k, n in sorted(stats["lookups_by_k"].items())}
-    return {
-        "ssd_hit_rate": stats["hits"] / look if look else 0.0,
+    p_hit = stats["hits"] / look if look else 0.0
+    out = {
+        "ssd_hit_rate": p_hit,
         "ssd_hit_rate_by_k": by_k,
         "ssd_lookups": look,
         "ssd_target_idle_s": stats["idle_s"],
@@ -305,3 +309,16 @@ def ssd_metrics(stats: dict) -> dict:
         "ssd_fallback_rounds": stats["fallback_rounds"],
         "ssd_worker_failures": stats["failures"],
     }
+    rounds = seq_stats.rounds
+    if rounds and seq_stats.drafted:
+        alpha = seq_stats.accepted / seq_stats.drafted
+        k = max(1, round(seq_stats.drafted / max(1, len(seq_stats.accepted_lengths))))
+        e = expected_tokens(alpha, k)
+        t_verify = seq_stats.verify_time / rounds
+        t_other = max(0.0, seq_stats.decode_time - seq_stats.verify_time - stats["idle_s"]) / rounds
+        misses = max(1, stats["lookups"] - stats["hits"])
+        t_backup = stats["idle_s"] / misses  # waiting on the worker: mostly just-in-time drafts
+        t_round = t_verify + (1 - p_hit) * t_backup + t_other
+        out.update(ssd_model_tokens_per_s=e / t_round, ssd_model_t_verify_s=t_verify,
+                   ssd_model_t_backup_s=t_backup, ssd_model_tokens_per_round=e)  # fmt: skip
+    return out
