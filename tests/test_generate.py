@@ -18,7 +18,8 @@ def hf_greedy(folder, prompt_ids: list[int], n: int) -> list[int]:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.generation_config.eos_token_id = None  # generate exactly n tokens, like ignore_eos
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         do_sample=False, pad_token_id=0)  # fmt: skip
     return out[0, ids.shape[1] :].tolist()
 
 

