@@ -25,6 +25,34 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
     g.add_argument("--cpu-cores", default=None, help="pin to these CPU ids, e.g. 0 or 0,1")
+    g.add_argument(
+        "--draft-quantization",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="drafter weights (exactness is unaffected; auto: fastest here)",
+    )
+    g.add_argument(
+        "--draft-vocab",
+        default="auto",
+        help="drafter output head size: an integer, 'auto' or 'full'",
+    )
+    s = p.add_argument_group("ssd")
+    s.add_argument("--draft-device", default=None, help="device of the SSD drafter")
+    s.add_argument("--draft-cpu-cores", default=None, help="CPU ids of the SSD drafter")
+    s.add_argument(
+        "--speculation-budget",
+        type=int,
+        default=None,
+        help="SSD: speculations cached per sequence per round (B)",
+    )
+    s.add_argument("--fanout", default="geometric", choices=["geometric", "uniform", "pipeline"])
+    s.add_argument("--saguaro-c", type=float, default=None, help="SSD: Saguaro C in (0, 1]")
+    s.add_argument(
+        "--backup",
+        default="auto",
+        choices=["auto", "neural", "fast"],
+        help="SSD: what to draft on a cache miss",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +92,16 @@ def llm_from_args(args: argparse.Namespace, **extra):
         device=args.device,
         num_threads=args.threads,
         cpu_cores=parse_cores(args.cpu_cores),
+        draft_quantization=args.draft_quantization,
+        draft_vocab=args.draft_vocab
+        if args.draft_vocab in ("auto", "full")
+        else int(args.draft_vocab),
+        draft_device=args.draft_device,
+        draft_cpu_cores=parse_cores(args.draft_cpu_cores),
+        speculation_budget=args.speculation_budget,
+        fanout=args.fanout,
+        saguaro_c=args.saguaro_c,
+        backup=args.backup,
         **extra,
     )
 

@@ -66,6 +66,26 @@ def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
     return n
 
 
+AUTO_DRAFT_VOCAB = 32768  # "auto" draft head: the 32K most frequent tokens of a large vocabulary
+DRAFT_QUANTIZATIONS = ("int8", "int4")
+
+
+def resolve_draft_quantization(quant, device: torch.device) -> str | None:
+    """'auto': the cheapest drafter our CPU kernels run (exactness does not depend on it);
+    on other devices the draft model stays as loaded."""
+    if quant == "auto":
+        return AUTO_DRAFT_QUANTIZATION if ops.use_kernels(device) else None
+    if quant in (None, "none"):
+        return None
+    if quant not in DRAFT_QUANTIZATIONS:
+        choices = ", ".join(repr(q) for q in ("auto", "none", *DRAFT_QUANTIZATIONS))
+        raise ValueError(f"draft_quantization must be one of {choices}; got {quant!r}")
+    return quant
+
+
+AUTO_DRAFT_QUANTIZATION = "int8"
+
+
 def split_cores(cpu_cores, draft_cpu_cores, device: str, draft_device: str | None):
     """SSD gives the drafter hardware of its own. On the CPU: by default the drafter takes the
     last available core and the target the others (2 cores: target 0, drafter 1)."""
@@ -105,8 +125,8 @@ class LLM:
         max_speculative_tokens: int = 8,
         ngram_max: int = 3,
         ngram_min: int = 1,
-        draft_quantization: str | None = None,
-        draft_vocab: int | None = None,
+        draft_quantization: str | None = "auto",
+        draft_vocab: int | str | None = "auto",
         draft_device: str | None = None,
         draft_cpu_cores: Seq[int] | None = None,
         speculation_budget: int | None = None,
@@ -203,11 +223,20 @@ class LLM:
         """Validated description of the drafter: its folder, quantization and output head."""
         from specdec.registry import resolve_model
 
-        quant, vocab_limit = self.draft_options["quantization"], self.draft_options["vocab"]
-        if quant not in (None, "none", "int8"):
-            raise ValueError(f"draft_quantization must be None or 'int8', got {quant!r}")
-        if vocab_limit is not None and (not isinstance(vocab_limit, int) or vocab_limit < 1):
-            raise ValueError(f"draft_vocab must be a positive integer, got {vocab_limit!r}")
+        quant = resolve_draft_quantization(self.draft_options["quantization"], self.device)
+        vocab_limit = self.draft_options["vocab"]
+        if vocab_limit == "auto":
+            vocab_limit = (
+                AUTO_DRAFT_VOCAB if self.tokenizer.vocab_size > 2 * AUTO_DRAFT_VOCAB else None
+            )
+        elif vocab_limit == "full":
+            vocab_limit = None
+        if vocab_limit is not None and (
+            isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or vocab_limit < 1
+        ):
+            raise ValueError(
+                f"draft_vocab must be a positive integer, 'auto' or 'full', got {vocab_limit!r}"
+            )
         self.draft_path = Path(resolve_model(draft_model))
         draft_cfg = ModelConfig.from_json(self.draft_path / "config.json")
         check_draft_compatible(self.tokenizer, self.target.config, self.draft_path, draft_cfg)
@@ -215,11 +244,7 @@ class LLM:
         if vocab_limit is not None and vocab_limit < self.tokenizer.vocab_size:
             special = list(self.tokenizer.hf.added_tokens_decoder) + self.eos_token_ids
             head_ids = frequent_token_ids(vocab_limit, special, self.tokenizer.vocab_size)
-        return {
-            "path": self.draft_path,
-            "quantization": None if quant == "none" else quant,
-            "head_ids": head_ids,
-        }
+        return {"path": self.draft_path, "quantization": quant, "head_ids": head_ids}
 
     # -- requests ----------------------------------------------------------------------------
     def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:

@@ -14,7 +14,7 @@ from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
-from specdec.quantize import expand_logits, quantize_model_int8, restrict_head
+from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
 
@@ -22,10 +22,13 @@ from specdec.sequence import Sequence
 def load_draft_model(
     folder, dtype: torch.dtype, device: str, quantization: str | None, head_ids
 ) -> Transformer:
-    """The draft model made as cheap as asked: int8 matrices, an output head over ``head_ids``."""
+    """The draft model made as cheap as asked: int8/int4 matrices, an output head over
+    ``head_ids``."""
+    from specdec import quantize
+
     draft = Transformer.from_folder(folder, dtype, device)
-    if quantization == "int8":
-        quantize_model_int8(draft)
+    if quantization is not None:
+        getattr(quantize, f"quantize_model_{quantization}")(draft)
     if head_ids is not None:
         restrict_head(draft, torch.as_tensor(head_ids, dtype=torch.int64))
     return draft
