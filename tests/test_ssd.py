@@ -186,6 +186,29 @@ def test_sigkilled_worker_request_completes_identically(tiny_dirs, ar_v16):
     assert workers_of_this_process() == []
 
 
+def test_silent_worker_times_out_and_generation_continues(tiny_dirs, ar_v16):
+    """A worker that stops answering (SIGSTOP) is declared lost after the timeout; the request
+    completes identically on the target alone, and the stopped worker is killed."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = ar_v16.generate(["w10 w11"], params)[0]
+    llm = ssd(tiny_dirs, ssd_timeout_s=2, backup="neural")
+    try:
+        pid = llm.decoder.drafter.handle.pid
+        pieces = []
+        t0 = time.time()
+        for i, piece in enumerate(llm.generate_stream("w10 w11", params)):
+            pieces.append(piece)
+            if i == 2:
+                os.kill(pid, signal.SIGSTOP)
+        assert time.time() - t0 < 30  # never hangs: the 2 s timeout fired
+        assert "".join(pieces) == want.text
+        assert llm.last_output.metrics["ssd_worker_failures"] >= 1
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        llm.close()
+    assert workers_of_this_process() == []
+
+
 def test_close_leaves_no_process_behind(tiny_dirs):
     with ssd(tiny_dirs) as llm:
         pid = llm.decoder.drafter.handle.pid

@@ -61,7 +61,6 @@ class SSDDrafter(Drafter):
         fallback: NgramDrafter,
         controller: SpeculationController,
         fanout_r: float = 1.0,
-        auto_batch_threshold: int = 2,
     ):
         if backup not in BACKUPS:
             raise ValueError(f"backup must be one of {', '.join(BACKUPS)}, got {backup!r}")
@@ -71,7 +70,6 @@ class SSDDrafter(Drafter):
         self.vocab = vocab
         self.fallback = fallback
         self.controller = controller
-        self.auto_batch_threshold = auto_batch_threshold
         self.states: dict[str, _State] = {}
         self._busy_seen = 0.0
         self.events: list[str] = []  # failures and restarts, for metrics and the log
@@ -165,9 +163,16 @@ class SSDDrafter(Drafter):
         if not self.handle.up:
             return False
         if self.backup == "auto":
-            # with batch b one neural miss stalls everyone: P(stall) = 1 - hit^b
-            return batch <= self.auto_batch_threshold
+            # a neural backup makes the whole batch wait for the misses: with batch b that
+            # happens with probability 1 - hit^b; past even odds, the fast backup is better
+            return 1.0 - self._hit_rate() ** batch < 0.5
         return self.backup == "neural"
+
+    def _hit_rate(self) -> float:
+        """Running hit rate over all sequences, with a prior of 0.7 worth 8 lookups."""
+        hits = sum(st.stats["hits"] for st in self.states.values())
+        looks = sum(st.stats["lookups"] for st in self.states.values())
+        return (hits + 0.7 * 8) / (looks + 8)
 
     def _draft_now(self, seqs: list[Sequence]) -> list[Speculation | None]:
         items = []
