@@ -1,8 +1,8 @@
 """The three heavy operations of a decoder step, each with two implementations.
 
 On x86-64 CPUs our kernels (``specdec.kernels``) run them with fp32 activations over fp32,
-bf16 or int8 weights, batch-invariantly. Elsewhere (CUDA, other CPUs) plain torch does the same
-math in the model's dtype. The model calls only these functions, so it never needs to know.
+bf16, int8 or int4 weights, batch-invariantly. Elsewhere (CUDA, other CPUs) plain torch does the
+same math in the model's dtype. The model calls only these functions, so it never needs to know.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ def use_kernels(device: torch.device) -> bool:
 class LinearWeight:
     """y = x @ weight.T * scale + bias, weight [out, in] in its storage dtype.
 
-    ``scale`` (per output row) is set only for int8 weights."""
+    ``scale`` is set only for quantized weights: int8 ``weight`` [out, in] with an fp32 scale
+    per output row, or int4: ``weight`` uint8 [out, ceil(in/64)*32] (two 4-bit values a byte,
+    placed as ``int4_nibble_k`` says; rows zero-padded to a multiple of 64 inputs) with an fp16
+    scale per group of 32 inputs, [out, ceil(in/64)*2]."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
@@ -51,12 +54,40 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+INT4_GROUP = 32  # inputs per int4 scale
+INT4_BLOCK = 64  # inputs per 32-byte block of the packed layout (rows are padded to whole blocks)
+
+
+def int4_nibble_k() -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each byte of a 32-byte int4 block gets its two values: (k of the low nibble, k of
+    the high nibble), both [32], k within the 64-input block. The kernel reads the block as 8
+    uint32 lanes j of 8 nibbles p, nibble p of lane j being k = 32*(j%2) + 4*p + j//2, so that
+    lane j holds group j%2 only (see I4 in cpu.cpp)."""
+    byte = torch.arange(32)
+    lane, p_lo = byte // 4, 2 * (byte % 4)
+    k_lo = 32 * (lane % 2) + 4 * p_lo + lane // 2
+    return k_lo, k_lo + 4
+
+
+def int4_dequantize(lw: LinearWeight, in_features: int) -> torch.Tensor:
+    """The fp32 [out, in] matrix an int4 LinearWeight stands for."""
+    packed = lw.weight.reshape(lw.weight.shape[0], -1, 32)  # [N, blocks, 32 bytes]
+    k_lo, k_hi = (k.to(packed.device) for k in int4_nibble_k())
+    q = torch.empty(*packed.shape[:2], INT4_BLOCK, dtype=torch.float32, device=packed.device)
+    q[..., k_lo] = (packed & 15).float() - 8
+    q[..., k_hi] = (packed >> 4).float() - 8
+    q = q.reshape(packed.shape[0], -1) * lw.scale.float().repeat_interleave(INT4_GROUP, dim=1)
+    return q[:, :in_features]
+
+
 def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
     lib = kernels.library() if x.device.type == "cpu" else None
     w = lw.weight
     if lib is None:
         if w.dtype == torch.int8:
             w = w.to(x.dtype) * lw.scale.to(x.dtype)[:, None]
+        elif w.dtype == torch.uint8:
+            w = int4_dequantize(lw, x.shape[-1]).to(x.dtype)
         b = None if lw.bias is None else lw.bias.to(x.dtype)
         return F.linear(x.to(w.dtype), w, b).to(x.dtype)
     shape = x.shape
@@ -71,6 +102,13 @@ def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
         lib.linear_f32(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
     elif w.dtype == torch.int8:
         lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+    elif w.dtype == torch.uint8:
+        blocks = -(-k // INT4_BLOCK)
+        if w.shape[1] != blocks * 32 or lw.scale.shape[1] != 2 * blocks:
+            raise ValueError(f"int4 weight {tuple(w.shape)} does not fit {k} inputs")
+        if lw.scale.dtype != torch.float16 or not (w.is_contiguous() and lw.scale.is_contiguous()):
+            raise TypeError("int4 weights need contiguous uint8 data and fp16 group scales")
+        lib.linear_i4(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
     else:
         raise TypeError(f"unsupported weight dtype {w.dtype}")
     return y.view(*shape[:-1], n)

@@ -2,16 +2,17 @@
 
 The verifier only needs the distribution q the drafter really sampled from, so the drafter may
 be any approximation of the draft model: its matrices int8 (per-row scales, half the bytes of
-bf16, a quarter of fp32), and its output head limited to part of the vocabulary (q is then
-zero elsewhere). The target is never changed.
+bf16, a quarter of fp32) or int4 (per-group scales, 0.56 bytes a weight), and its output head
+limited to part of the vocabulary (q is then zero elsewhere). The target is never changed.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from specdec.model import Transformer
-from specdec.ops import LinearWeight
+from specdec.ops import INT4_BLOCK, INT4_GROUP, LinearWeight, int4_nibble_k
 
 
 def quantize_int8(lw: LinearWeight) -> LinearWeight:
@@ -28,6 +29,32 @@ def quantize_model_int8(model: Transformer) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
             layer[name] = quantize_int8(layer[name])
     model.w["lm_head"] = quantize_int8(model.w["lm_head"])
+
+
+def quantize_int4(lw: LinearWeight) -> LinearWeight:
+    """Symmetric int4 per group of 32 inputs, fp16 scales: w ~= scale[n, g] * q, q in [-8, 7].
+    As in llama.cpp's Q4_0, a group's largest-magnitude weight maps to -8 (the scale takes its
+    sign), which uses all 16 levels. Rows are zero-padded to a multiple of 64 inputs."""
+    w = lw.weight.float()
+    n, k = w.shape
+    kp = -(-k // INT4_BLOCK) * INT4_BLOCK
+    groups = F.pad(w, (0, kp - k)).reshape(n, kp // INT4_GROUP, INT4_GROUP)
+    extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))
+    scale = (extreme / -8).to(torch.float16)  # quantize against the scale actually stored
+    s = scale.float()
+    q = torch.where(s != 0, torch.round(groups / s), 0).clamp(-8, 7)
+    nib = (q + 8).to(torch.uint8).reshape(n, kp // INT4_BLOCK, INT4_BLOCK)
+    k_lo, k_hi = int4_nibble_k()
+    packed = (nib[..., k_lo] | (nib[..., k_hi] << 4)).reshape(n, kp // 2)
+    return LinearWeight(packed.contiguous(), lw.bias, scale.reshape(n, -1).contiguous())
+
+
+def quantize_model_int4(model: Transformer) -> None:
+    """Every matrix of every layer, and the output head, to int4 (embeddings stay as is)."""
+    for layer in model.w["layers"]:
+        for name in ("qkv", "o", "gate_up", "down"):
+            layer[name] = quantize_int4(layer[name])
+    model.w["lm_head"] = quantize_int4(model.w["lm_head"])
 
 
 def restrict_head(model: Transformer, keep: torch.Tensor) -> None:

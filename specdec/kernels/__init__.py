@@ -23,7 +23,7 @@ from specdec.paths import specdec_home
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -33,6 +33,7 @@ _SIGNATURES = {
     "linear_f32": [_P, _P, _P, _P, _L, _L, _L, _I],
     "linear_bf16": [_P, _P, _P, _P, _L, _L, _L, _I],
     "linear_i8": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
+    "linear_i4": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
     "rmsnorm": [_P, _P, _P, _L, _L, _F, _I],
     "silu_mul": [_P, _P, _L, _L, _I],
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],

@@ -6,10 +6,11 @@
 // weights once and converts bf16 -> fp32 in registers is 2-3x faster.
 //
 // Batch invariance (why exactness tests can demand token-identical output): every output
-// element is reduced in one fixed order (8 fp32 lanes over k, then a fixed lane tree), which
-// depends only on K, never on how many rows (M) are in the call or which tile computed it.
-// So a token's logits are bit-identical whether it is decoded alone, in a batch, or inside a
-// (K+1)-token verification pass. The attention kernel keeps the same promise per query.
+// element is reduced in one fixed order (8 fp32 lanes over k, each weight format fixing which
+// k goes to which lane, then a fixed lane tree), which depends only on K, never on how many
+// rows (M) are in the call, which tile computed it or how many threads ran. So a token's
+// logits are bit-identical whether it is decoded alone, in a batch, or inside a (K+1)-token
+// verification pass. The attention kernel keeps the same promise per query.
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -27,20 +28,41 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-// ---- weight formats: load 8 weights as fp32 lanes --------------------------------------
+// ---- weight formats ------------------------------------------------------------------------
+// A weight row is cut into blocks of KB consecutive k (BYTES of weights). A format
+// turns one block into NV fp32 vectors in a lane order of its choosing, and pack_x lays x out
+// in that same order (slot s = 8*u + lane of vector u holds x[k0 + src(s)] * xmul(s)), so a dot
+// product is a plain sequence of FMAs over (packed x, unpacked w) vectors. XV = packed x
+// vectors per block (NV, plus I4's offset vector). Formats never look at M.
 struct F32 {
     typedef float T;
-    static inline __m256 load(const float *p) { return _mm256_loadu_ps(p); }
-    static inline float one(const float *p) { return *p; }
+    static constexpr int KB = 8, NV = 1, XV = 1, BYTES = 32;
+    static constexpr bool GROUPED = false;
+    static int src(int s) { return s; }
+    static float xmul(int) { return 1.0f; }
+    static inline __m256 load(const float *b, int) { return _mm256_loadu_ps(b); }
+    static inline void pack(const float *x, float *o) { _mm256_storeu_ps(o, _mm256_loadu_ps(x)); }
+    static inline float one(const float *r, long k) { return r[k]; }
 };
-struct BF16 {
+struct BF16 {  // 16 bf16 in one 32-byte load: lane j holds k = 2j (low half) and 2j+1 (high)
     typedef uint16_t T;
-    static inline __m256 load(const uint16_t *p) {
-        __m128i h = _mm_loadu_si128((const __m128i *)p);
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    static constexpr int KB = 16, NV = 2, XV = 2, BYTES = 32;
+    static constexpr bool GROUPED = false;
+    static int src(int s) { return 2 * (s & 7) + (s >> 3); }
+    static float xmul(int) { return 1.0f; }
+    static inline void pack(const float *x, float *o) {  // evens, then odds
+        const __m256 lo = _mm256_loadu_ps(x), hi = _mm256_loadu_ps(x + 8);
+        const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        _mm256_storeu_ps(o, _mm256_permutevar8x32_ps(_mm256_shuffle_ps(lo, hi, 0x88), order));
+        _mm256_storeu_ps(o + 8, _mm256_permutevar8x32_ps(_mm256_shuffle_ps(lo, hi, 0xDD), order));
     }
-    static inline float one(const uint16_t *p) {
-        uint32_t u = ((uint32_t)*p) << 16;
+    static inline __m256 load(const uint16_t *b, int u) {  // one ALU op per 8 weights
+        const __m256i v = _mm256_loadu_si256((const __m256i *)b);
+        return _mm256_castsi256_ps(u == 0 ? _mm256_slli_epi32(v, 16)
+                                          : _mm256_and_si256(v, _mm256_set1_epi32(-65536)));
+    }
+    static inline float one(const uint16_t *r, long k) {
+        uint32_t u = ((uint32_t)r[k]) << 16;
         float f;
         memcpy(&f, &u, 4);
         return f;
@@ -48,82 +70,285 @@ struct BF16 {
 };
 struct I8 {  // symmetric per-output-row int8; the row scale is applied after the reduction
     typedef int8_t T;
-    static inline __m256 load(const int8_t *p) {
-        __m128i b = _mm_loadl_epi64((const __m128i *)p);
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    static constexpr int KB = 8, NV = 1, XV = 1, BYTES = 8;
+    static constexpr bool GROUPED = false;
+    static int src(int s) { return s; }
+    static float xmul(int) { return 1.0f; }
+    static inline void pack(const float *x, float *o) { _mm256_storeu_ps(o, _mm256_loadu_ps(x)); }
+    static inline __m256 load(const int8_t *b, int) {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)b);
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
     }
-    static inline float one(const int8_t *p) { return (float)*p; }
+    static inline float one(const int8_t *r, long k) { return (float)r[k]; }
 };
-
-// ---- linear: y[M,N] = x[M,K] @ w[N,K]^T * scale[N] + bias[N] ---------------------------
-template <class W, int MT, int NT>
-static inline void micro(const float *x, long K, const typename W::T *w, const float *scale,
-                         const float *bias, float *y, long ldy) {
-    __m256 acc[MT][NT];
-    for (int i = 0; i < MT; i++)
-        for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
-    const long K8 = K & ~7L;
-    // weights are streamed once: prefetch the next tile's rows (short rows defeat the
-    // hardware prefetcher; this is worth ~40% of bandwidth at K = 896)
-    constexpr long LINE = 64 / sizeof(typename W::T);
-    for (long k = 0; k < K8; k += 8) {
-        if ((k & (LINE - 1)) == 0)
-            for (int t = 0; t < NT; t++)
-                _mm_prefetch((const char *)(w + (NT + t) * K + k), _MM_HINT_T0);
-        __m256 wv[NT];
-        for (int t = 0; t < NT; t++) wv[t] = W::load(w + t * K + k);
-        for (int i = 0; i < MT; i++) {
-            __m256 a = _mm256_loadu_ps(x + i * K + k);
-            for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(a, wv[t], acc[i][t]);
+// int4, symmetric per group of 32 k with an fp16 scale: w = scale * (nibble - 8). A block is
+// 64 k = 8 uint32 lanes of 8 nibbles; nibble p of lane j is k = 32*(j&1) + 4*p + (j>>1), so
+// lane j belongs to group j&1 and one broadcast of the block's two scales lines up with the
+// lanes. Nibble p is taken in place (w & 0xF<<4p, one AND) and x is packed premultiplied by
+// 16^-p, which is exact. The -8 offset rides on a ninth packed vector, -8 * (sum of the
+// lane's x), that seeds each block's partial sum. Rows are zero-padded to a whole block
+// (nibbles 8, i.e. 0), x likewise, so there is no k tail.
+struct I4 {
+    typedef uint8_t T;
+    static constexpr int KB = 64, NV = 8, XV = 9, BYTES = 32;
+    static constexpr bool GROUPED = true;
+    static int src(int s) { return 32 * (s & 1) + 4 * (s >> 3) + ((s & 7) >> 1); }
+    static float xmul(int s) {
+        const int p = s >> 3;
+        return p == 0 || p == 7 ? 1.0f : ldexpf(1.0f, -4 * p);
+    }
+    static inline void pack(const float *x, float *o) {
+        for (int s = 0; s < 64; s++) o[s] = x[src(s)] * xmul(s);
+        for (int j = 0; j < 8; j++) {  // the offset vector: -8 * (sum of the lane's x)
+            float c = 0.0f;
+            for (int p = 0; p < 8; p++) c += x[src(8 * p + j)];
+            o[64 + j] = -8.0f * c;
         }
     }
-    for (int i = 0; i < MT; i++)
-        for (int t = 0; t < NT; t++) {
-            float s = hsum8(acc[i][t]);
-            for (long k = K8; k < K; k++) s += x[i * K + k] * W::one(w + t * K + k);
-            if (scale) s *= scale[t];
-            if (bias) s += bias[t];
-            y[i * ldy + t] = s;
+    static inline __m256 load(const uint8_t *b, int p) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)b);
+        const __m256i n = p == 7 ? _mm256_srli_epi32(v, 28)  // 0xF<<28 would be negative
+                                 : _mm256_and_si256(v, _mm256_set1_epi32(0xF << (4 * p)));
+        return _mm256_cvtepi32_ps(n);
+    }
+    static inline __m256 scales(const uint16_t *s) {  // lanes: s[0], s[1], s[0], s[1], ...
+        int32_t two;
+        memcpy(&two, s, 4);
+        return _mm256_cvtph_ps(_mm_set1_epi32(two));
+    }
+    static inline float one(const uint8_t *, long) { return 0.0f; }  // no tail: rows are padded
+};
+template <class W>
+struct Fmt : W {
+    static constexpr long BLK = W::BYTES / sizeof(typename W::T);  // T per block
+    static constexpr long blocks(long K) { return W::GROUPED ? (K + W::KB - 1) / W::KB : K / W::KB; }
+    static constexpr long row(long K) { return W::GROUPED ? blocks(K) * BLK : K; }  // T per row
+};
+
+// x [M,K] -> packed [blocks][M][XV*8]: the rows of a block side by side, so that a k chunk of
+// all rows is one contiguous piece (it stays in L1) and a tile addresses its rows by constants.
+// Shared among the threads of a parallel region if called in one. Only I4 has a partial last
+// block: it is packed from a zero-padded copy.
+template <class W>
+static void pack_x(const float *x, float *xp, long M, long K) {
+    const long nb = Fmt<W>::blocks(K);
+#pragma omp for schedule(static)
+    for (long b = 0; b < nb; b++)
+        for (long m = 0; m < M; m++) {
+            float *o = xp + (b * M + m) * W::XV * 8;
+            const float *xr = x + m * K + b * W::KB;
+            if ((b + 1) * W::KB <= K) {
+                W::pack(xr, o);
+            } else {
+                float pad[W::KB] = {};
+                memcpy(pad, xr, (K - b * W::KB) * sizeof(float));
+                W::pack(pad, o);
+            }
         }
 }
 
-// Rows m0..m0+MT-1 against weight rows n0..n1-1; the column tile shrinks as rows grow so the
-// accumulators stay in the 16 ymm registers.
+// ---- linear: y[M,N] = x[M,K] @ w[N,K]^T * scale[N] + bias[N] ---------------------------
+// Every y[m,n] is: 8 fp32 lanes accumulated by FMA over the blocks in k order (for I4: per
+// block a partial sum, then acc += partial * group scales), then hsum8, the k tail in order,
+// the row scale, the bias. The blocking below (register tiles, k chunks with the accumulators
+// parked in `st` between chunks, which is exact) only changes what is in cache when.
+//
+// Where the time goes on this class of machine (Zen 3, 2 cores, ~18 GB/s): bf16 products are
+// bound by memory up to M ~ 6 (2 bytes per 2*M flops), so for small M what matters is
+// streaming whole rows with prefetch; beyond, FMA throughput, hence the x-in-register tiles and
+// sharing each weight group across all x tiles while it is in L1.
+
+// One block of MT x rows times NT weight rows into acc (see micro).
+template <class W, int MT, int NT>
+static inline void block(__m256 (&acc)[MT][NT], const float *xb, const typename W::T *w, long ws,
+                         const uint16_t *gs, long gss) {
+    __m256 part[MT][NT];  // I4: this block's partial sum, seeded with the offset vector
+    if constexpr (W::GROUPED)
+        for (int i = 0; i < MT; i++) {
+            const __m256 c = _mm256_loadu_ps(xb + (i * W::XV + 8) * 8);
+            for (int t = 0; t < NT; t++) part[i][t] = c;
+        }
+    for (int u = 0; u < W::NV; u++) {
+        __m256 wv[NT];
+        for (int t = 0; t < NT; t++) wv[t] = W::load(w + t * ws, u);
+        for (int i = 0; i < MT; i++) {
+            __m256 a = _mm256_loadu_ps(xb + (i * W::XV + u) * 8);
+            // keep x in a register: GCC would rather fold this load into each of the NT
+            // FMAs, and loads, not FMAs, then bound the loop
+            __asm__("" : "+x"(a));
+            for (int t = 0; t < NT; t++)
+                if constexpr (W::GROUPED)
+                    part[i][t] = _mm256_fmadd_ps(a, wv[t], part[i][t]);
+                else
+                    acc[i][t] = _mm256_fmadd_ps(a, wv[t], acc[i][t]);
+        }
+    }
+    if constexpr (W::GROUPED)
+        for (int t = 0; t < NT; t++) {
+            const __m256 s = I4::scales(gs + t * gss);
+            for (int i = 0; i < MT; i++) acc[i][t] = _mm256_fmadd_ps(part[i][t], s, acc[i][t]);
+        }
+}
+
+// micro: MT x rows times NT weight rows over nb blocks. xb: packed x of the tile's first row
+// at its first block (blocks xbs floats apart); w: the first weight row (rows ws apart); gs:
+// I4 group scales of that row (rows gss apart). acc in/out: st + t * sts + i * 8.
+// pf: where the next tile's weights start (rows ws apart); prefetched as far ahead of it as we
+// are into this tile.
+template <class W, int MT, int NT>
+static inline void micro(const float *xb, long xbs, const typename W::T *w, long ws,
+                         const uint16_t *gs, long gss, float *st, long sts, long nb,
+                         const typename W::T *pf) {
+    constexpr long BLK = Fmt<W>::BLK;
+    __m256 acc[MT][NT];
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < MT; i++) acc[i][t] = _mm256_loadu_ps(st + t * sts + i * 8);
+    for (long b = 0; b < nb; b++) {
+        // weights are streamed once: prefetch the next tile's rows (short rows defeat the
+        // hardware prefetcher; this is worth ~40% of bandwidth at K = 896)
+        if (((b * W::BYTES) & 63) == 0)
+            for (int t = 0; t < NT; t++)
+                _mm_prefetch((const char *)(pf + t * ws + b * BLK), _MM_HINT_T0);
+        block<W, MT, NT>(acc, xb + b * xbs, w + b * BLK, ws, W::GROUPED ? gs + 2 * b : gs, gss);
+    }
+    for (int t = 0; t < NT; t++)
+        for (int i = 0; i < MT; i++) _mm256_storeu_ps(st + t * sts + i * 8, acc[i][t]);
+}
+
+// Register tiles: MT x rows by NT weight rows; accumulators (and I4's partials), one weight
+// vector per column, one x vector and a constant or two must fit in the 16 ymm registers
+// (4x3 and 6x2 spill). Measured on Zen 3 with the weights in L2: 2x4, 3x3, 4x2 and 5x2 run
+// at 60-75% of the FMA peak; more x rows are split into tiles of at most 5.
 template <class W, int MT>
-static void tile_rows(const float *x, const typename W::T *w, const float *scale,
-                      const float *bias, float *y, long N, long K, long m0, long n0, long n1) {
-    constexpr int NT = MT == 1 ? 4 : MT <= 3 ? 4 : MT == 4 ? 3 : 2;
-    long n = n0;
-    const float *xm = x + m0 * K;
-    float *ym = y + m0 * N;
-    for (; n + NT <= n1; n += NT)
-        micro<W, MT, NT>(xm, K, w + n * K, scale ? scale + n : 0, bias ? bias + n : 0, ym + n, N);
-    for (; n < n1; n++)
-        micro<W, MT, 1>(xm, K, w + n * K, scale ? scale + n : 0, bias ? bias + n : 0, ym + n, N);
+static constexpr int tile_n() {
+    if (W::GROUPED) return MT == 1 ? 4 : MT == 2 ? 3 : 1;
+    return MT <= 2 ? 4 : MT == 3 ? 3 : 2;
+}
+template <class W>
+static constexpr int max_mt() {
+    return W::GROUPED ? 3 : 5;
+}
+
+struct LinearArgs {
+    const float *x, *xp, *scale, *bias;
+    const void *w;
+    const uint16_t *gs;  // I4 group scales [N, 2 * blocks]
+    float *y;
+    long M, N, K;
+};
+
+// the tail of the reduction, one code path for every tile shape
+template <class W>
+static void finish(const LinearArgs &a, const float *st, long mt, long m0, long n0, long n1) {
+    const typename W::T *w = (const typename W::T *)a.w;
+    const long kt = Fmt<W>::blocks(a.K) * W::KB, ws = Fmt<W>::row(a.K);
+    for (long n = n0; n < n1; n++)
+        for (long i = 0; i < mt; i++) {
+            const float *xr = a.x + (m0 + i) * a.K;
+            float s = hsum8(_mm256_loadu_ps(st + ((n - n0) * mt + i) * 8));  // [n][i][8]
+            for (long k = kt; k < a.K; k++) s = fmaf(xr[k], W::one(w + n * ws, k), s);
+            if (a.scale) s *= a.scale[n];
+            if (a.bias) s += a.bias[n];
+            a.y[(m0 + i) * a.N + n] = s;
+        }
+}
+
+// One group of NT weight rows against all x rows of a pass, tiles of MT or MT-1 x rows (the
+// group's weights come from memory once, then from L1 for the other tiles).
+template <class W, int MT, int NT>
+static void group(const LinearArgs &a, float *st, long mrows, long ntile, long m0, long n,
+                  long b0, long b1, const typename W::T *pf) {
+    constexpr long BLK = Fmt<W>::BLK;
+    const long ws = Fmt<W>::row(a.K), gss = 2 * Fmt<W>::blocks(a.K), xbs = a.M * W::XV * 8;
+    const typename W::T *w = (const typename W::T *)a.w + n * ws + b0 * BLK;
+    const uint16_t *gs = a.gs ? a.gs + n * gss + 2 * b0 : 0;
+    for (long i = 0, m = 0; i < ntile; i++) {
+        const long mt = (mrows - m + ntile - i - 1) / (ntile - i);  // near-equal tiles
+        const float *xb = a.xp + b0 * xbs + (m0 + m) * W::XV * 8;
+        if (mt == MT || MT == 1)
+            micro<W, MT, NT>(xb, xbs, w, ws, gs, gss, st + m * 8, mrows * 8, b1 - b0, pf);
+        else
+            micro<W, (MT > 1 ? MT - 1 : 1), NT>(xb, xbs, w, ws, gs, gss, st + m * 8, mrows * 8,
+                                                b1 - b0, pf);
+        m += mt;
+    }
+}
+
+template <class W, int MT>
+static void groups(const LinearArgs &a, float *st, long mrows, long ntile, long m0, long n0,
+                   long n1, long b0, long b1, const typename W::T *pf_after) {
+    constexpr int NT = tile_n<W, MT>();
+    const typename W::T *w = (const typename W::T *)a.w;
+    const long ws = Fmt<W>::row(a.K);
+    for (long n = n0; n < n1;) {
+        const long nt = n + NT <= n1 ? NT : 1;
+        // prefetch the next group during this one (prefetching further ahead measured no
+        // better, also for short int4 rows)
+        const typename W::T *pf = n + nt < n1 ? w + (n + nt) * ws + b0 * Fmt<W>::BLK : pf_after;
+        float *s = st + (n - n0) * mrows * 8;
+        if (nt == NT)
+            group<W, MT, NT>(a, s, mrows, ntile, m0, n, b0, b1, pf);
+        else
+            group<W, MT, 1>(a, s, mrows, ntile, m0, n, b0, b1, pf);
+        n += nt;
+    }
 }
 
 template <class W>
-static void linear(const float *x, const typename W::T *w, const float *scale, const float *bias,
-                   float *y, long M, long N, long K, int nt) {
-    const long NB = 16;  // weight rows per work item: small enough to balance two cores
-    const long nb = (N + NB - 1) / NB;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(nt)
-    for (long b = 0; b < nb; b++) {
-        const long n0 = b * NB, n1 = n0 + NB < N ? n0 + NB : N;
-        for (long m = 0; m < M;) {
-            const long r = M - m;
-            const int mt = r >= 6 ? 6 : (int)r;
-            switch (mt) {
-                case 6: tile_rows<W, 6>(x, w, scale, bias, y, N, K, m, n0, n1); break;
-                case 5: tile_rows<W, 5>(x, w, scale, bias, y, N, K, m, n0, n1); break;
-                case 4: tile_rows<W, 4>(x, w, scale, bias, y, N, K, m, n0, n1); break;
-                case 3: tile_rows<W, 3>(x, w, scale, bias, y, N, K, m, n0, n1); break;
-                case 2: tile_rows<W, 2>(x, w, scale, bias, y, N, K, m, n0, n1); break;
-                default: tile_rows<W, 1>(x, w, scale, bias, y, N, K, m, n0, n1);
+static void linear(const float *x, const typename W::T *w, const float *scale,
+                   const uint16_t *gs, const float *bias, float *y, long M, long N, long K,
+                   int nt) {
+    constexpr long NB = 16;            // weight rows per work item: small enough to balance cores
+    constexpr long SUPER = 10;         // x rows that share one pass over the weights
+    constexpr long XBYTES = 16 << 10;  // x chunk kept in L1 (of 32 KB) between tiles
+    constexpr long BLK = Fmt<W>::BLK;
+    const long nblk = Fmt<W>::blocks(K), ws = Fmt<W>::row(K);
+    float *xp = (float *)aligned_alloc(64, ((nblk * M * W::XV * 32) | 63) + 1);
+    const LinearArgs a{x, xp, scale, bias, w, gs, y, M, N, K};
+    const long nitems = (N + NB - 1) / NB;
+    // a small x is packed here: packing it in the parallel region would make every thread
+    // wait at its barrier for the last one to wake up (measured: 5% of a draft pass)
+    const bool big = M * K > (1 << 16);
+    if (!big) pack_x<W>(x, xp, M, K);
+#pragma omp parallel num_threads(nt)
+    {
+        if (big) pack_x<W>(x, xp, M, K);  // ends with a barrier
+        float st[SUPER * NB * 8] __attribute__((aligned(64)));  // [weight row][x row][8]
+#pragma omp for schedule(dynamic, 4) nowait
+        for (long it = 0; it < nitems; it++) {
+            const long n0 = it * NB, n1 = n0 + NB < N ? n0 + NB : N;
+            for (long m0 = 0; m0 < M; m0 += SUPER) {
+                const long mrows = M - m0 < SUPER ? M - m0 : SUPER;
+                const long ntile = (mrows + max_mt<W>() - 1) / max_mt<W>();
+                const long mt = (mrows + ntile - 1) / ntile;  // the largest tile
+                // k chunks only when several tiles share the weights: then x of all mrows
+                // rows stays in L1 while the weight chunk is reused from there. A single
+                // tile streams whole rows, which the memory system prefers (measured).
+                long cb = ntile == 1 ? nblk : XBYTES / (mrows * W::XV * 32);
+                cb = cb < 1 ? 1 : cb;
+                memset(st, 0, sizeof(float) * mrows * NB * 8);
+                for (long b0 = 0; b0 < nblk; b0 += cb) {
+                    const long b1 = b0 + cb < nblk ? b0 + cb : nblk;
+                    // read after this chunk: the next chunk, or the next work item (likely
+                    // ours: adjacent)
+                    const typename W::T *pf = b1 < nblk ? w + n0 * ws + b1 * BLK
+                                              : n1 < N  ? w + n1 * ws
+                                                        : w + n0 * ws + b0 * BLK;
+                    switch (mt) {
+#define GROUPS(MT) groups<W, MT>(a, st, mrows, ntile, m0, n0, n1, b0, b1, pf)
+                        case 5: GROUPS(5); break;
+                        case 4: GROUPS(4); break;
+                        case 3: GROUPS(3); break;
+                        case 2: GROUPS(2); break;
+                        default: GROUPS(1);
+#undef GROUPS
+                    }
+                }
+                finish<W>(a, st, mrows, m0, n0, n1);
             }
-            m += mt;
         }
     }
+    free(xp);
 }
 
 // ---- RMSNorm over the last dimension -----------------------------------------------------
@@ -242,18 +467,23 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 }
 
 extern "C" {
-int specdec_abi_version() { return 1; }
+int specdec_abi_version() { return 2; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
-    linear<F32>(x, w, 0, bias, y, M, N, K, nt);
+    linear<F32>(x, w, 0, 0, bias, y, M, N, K, nt);
 }
 void linear_bf16(const float *x, const uint16_t *w, const float *bias, float *y, long M, long N,
                  long K, int nt) {
-    linear<BF16>(x, w, 0, bias, y, M, N, K, nt);
+    linear<BF16>(x, w, 0, 0, bias, y, M, N, K, nt);
 }
 void linear_i8(const float *x, const int8_t *w, const float *scale, const float *bias, float *y,
                long M, long N, long K, int nt) {
-    linear<I8>(x, w, scale, bias, y, M, N, K, nt);
+    linear<I8>(x, w, scale, 0, bias, y, M, N, K, nt);
+}
+// w: [N, ceil(K/64)*32] bytes in I4's layout; scale: fp16 [N, ceil(K/64)*2]
+void linear_i4(const float *x, const uint8_t *w, const uint16_t *scale, const float *bias,
+               float *y, long M, long N, long K, int nt) {
+    linear<I4>(x, w, 0, scale, bias, y, M, N, K, nt);
 }
 void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps, int nt) {
     rmsnorm_rows(x, w, y, R, D, eps, nt);

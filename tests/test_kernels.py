@@ -1,0 +1,99 @@
+"""Our CPU matrix kernels directly: every weight format against a float64 reference, and batch
+invariance (a row's output bits do not depend on M, the tile that computed it, or threads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import kernels, ops
+from specdec.quantize import quantize_int4, quantize_int8
+
+DTYPES = ["f32", "bf16", "int8", "int4"]
+
+
+def make_weight(dtype: str, n: int, k: int, bias: bool = True) -> ops.LinearWeight:
+    w = torch.randn(n, k) * 0.05
+    b = torch.randn(n) if bias else None
+    if dtype == "f32":
+        return ops.LinearWeight(w, b)
+    if dtype == "bf16":
+        return ops.LinearWeight(w.bfloat16(), b)
+    if dtype == "int8":
+        return quantize_int8(ops.LinearWeight(w, b))
+    return quantize_int4(ops.LinearWeight(w, b))
+
+
+def dense(lw: ops.LinearWeight, k: int) -> torch.Tensor:
+    """The float64 matrix a LinearWeight stands for."""
+    if lw.weight.dtype == torch.uint8:
+        return ops.int4_dequantize(lw, k).double()
+    w = lw.weight.double()
+    return w * lw.scale.double()[:, None] if lw.scale is not None else w
+
+
+def reference(x: torch.Tensor, lw: ops.LinearWeight) -> torch.Tensor:
+    y = x.double() @ dense(lw, x.shape[-1]).T
+    return y if lw.bias is None else y + lw.bias.double()
+
+
+@pytest.fixture
+def kernels_on():
+    if kernels.library() is None:
+        pytest.skip(f"our CPU kernels are not in use here: {kernels.status()}")
+    yield
+    ops.set_num_threads(max(1, torch.get_num_threads()))
+
+
+# K: a multiple of every block, then not a multiple of 8, 16, 32 or 64; N: not a multiple of
+# any register tile or work item
+@pytest.mark.parametrize("k", [128, 100, 37, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_matches_float64(kernels_on, dtype, k):
+    torch.manual_seed(0)
+    lw = make_weight(dtype, 53, k)
+    x = torch.randn(9, k)
+    y = ops.linear(x, lw)
+    assert y.dtype == torch.float32 and y.shape == (9, 53)
+    torch.testing.assert_close(y.double(), reference(x, lw), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [896, 100, 37])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_is_batch_invariant(kernels_on, dtype, k):
+    """Row m of a 9-row product is bit-identical to the same row computed alone, inside a
+    5-row slice (other tiles and k chunks), with one thread, and inside a 23-row product."""
+    torch.manual_seed(1)
+    lw = make_weight(dtype, 77, k)
+    x = torch.randn(23, k)
+    ops.set_num_threads(2)
+    y9 = ops.linear(x[:9], lw)
+    for m in range(9):
+        assert torch.equal(ops.linear(x[m : m + 1], lw), y9[m : m + 1])
+    for m0 in (0, 2, 4):
+        assert torch.equal(ops.linear(x[m0 : m0 + 5], lw), y9[m0 : m0 + 5])
+    assert torch.equal(ops.linear(x, lw)[:9], y9)
+    ops.set_num_threads(1)
+    assert torch.equal(ops.linear(x[:9], lw), y9)
+
+
+def test_int4_layout_and_torch_fallback(monkeypatch):
+    """The int4 packing round-trips to the quantized values, and the plain-torch path (used
+    when our kernels are off) computes the product, as the kernel does where it is in use."""
+    torch.manual_seed(2)
+    w = torch.randn(40, 100) * 0.05
+    lw = quantize_int4(ops.LinearWeight(w, torch.randn(40)))
+    assert lw.weight.dtype == torch.uint8 and lw.weight.shape == (40, 64)  # 100 -> 128 inputs
+    assert lw.scale.dtype == torch.float16 and lw.scale.shape == (40, 4)
+    deq = ops.int4_dequantize(lw, 100)
+    scale = lw.scale.float().repeat_interleave(32, dim=1)[:, :100]
+    assert ((deq - w).abs() <= scale.abs() / 2 + 1e-6).float().mean() > 0.99  # half a step
+    q = deq / scale
+    assert (q - q.round()).abs().max() < 1e-4 and q.min() >= -8 and q.max() <= 7
+    x = torch.randn(3, 100)
+    y = ops.linear(x, lw) if kernels.library() is not None else None
+    monkeypatch.setattr(kernels, "library", lambda: None)
+    y_torch = ops.linear(x, lw)
+    torch.testing.assert_close(y_torch.double(), reference(x, lw), atol=1e-4, rtol=1e-4)
+    if y is not None:
+        torch.testing.assert_close(y_torch, y, atol=1e-4, rtol=1e-4)
