@@ -83,7 +83,7 @@ def resolve_draft_quantization(quant, device: torch.device) -> str | None:
     return quant
 
 
-AUTO_DRAFT_QUANTIZATION = "int8"
+AUTO_DRAFT_QUANTIZATION = "int4"
 
 
 def split_cores(cpu_cores, draft_cpu_cores, device: str, draft_device: str | None):

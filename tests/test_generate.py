@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from stats import chi_square_pvalue, exact_sequence_probs
+from stats import chi_square_pvalue, exact_sequence_probs, seeded
 
 from specdec import LLM, SamplingParams
 
@@ -68,7 +68,7 @@ def test_ar_samples_follow_the_exact_target_distribution(tiny_dirs, tiny_llm, pa
     eos = set(tiny_llm.eos_token_ids)
     exact = exact_sequence_probs(tiny_dirs["llama"], prompt, params, 2, eos)
     n = 3000
-    outs = tiny_llm.generate([prompt] * n, params)
+    outs = tiny_llm.generate([prompt] * n, seeded(params, n))
     samples = [tuple(o.token_ids) + ((2,) if o.finish_reason == "stop" else ()) for o in outs]
     assert chi_square_pvalue(samples, exact) > 1e-3
 

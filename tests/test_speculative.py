@@ -5,7 +5,7 @@ is token-identical to AR, batches equal single prompts, and stops behave as in A
 from __future__ import annotations
 
 import pytest
-from stats import chi_square_pvalue, exact_sequence_probs
+from stats import chi_square_pvalue, exact_sequence_probs, seeded
 
 from specdec import LLM, SamplingParams
 
@@ -14,8 +14,10 @@ LENGTH = 4
 PROMPT = "w3 w4 w5 w3 w4"  # repeats, so prompt lookup has something to propose
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sd_llm(tiny_dirs):
+    # adaptive K; a fresh controller per test starts with its exploration rounds (K = 4, 1, 8),
+    # so speculation surely happens even where its timings would later choose K = 0
     return LLM(tiny_dirs["v16"], draft_model=tiny_dirs["v16_draft"], method="sd", dtype="float32")
 
 
@@ -45,7 +47,7 @@ SAMPLING_IDS = ["t1", "t0.6", "topk", "topp"]
 
 
 def samples_of(llm, params, n=N_SAMPLES):
-    outs = llm.generate([llm.tokenizer.encode(PROMPT)] * n, params)
+    outs = llm.generate([llm.tokenizer.encode(PROMPT)] * n, seeded(params, n))
     eos = llm.eos_token_ids[0]
     return [tuple(o.token_ids) + ((eos,) if o.finish_reason == "stop" else ()) for o in outs], outs
 
@@ -70,7 +72,7 @@ def test_chi_square_has_power_against_the_draft_distribution(tiny_dirs, sd_llm):
     """The same test rejects samples from the draft model: it can tell the two apart."""
     params = SAMPLING[0]
     draft_ar = LLM(tiny_dirs["v16_draft"], dtype="float32")
-    samples, _ = samples_of(draft_ar, params)
+    samples, _ = samples_of(draft_ar, params, n=3 * N_SAMPLES)  # power grows with n
     assert chi_square_pvalue(samples, exact(tiny_dirs, sd_llm, params)) < 1e-6
 
 
@@ -89,7 +91,7 @@ def test_greedy_token_identical_to_ar(ar_llm, request, which):
 
 def test_greedy_self_draft_accepts_everything(tiny_dirs, tiny_llm):
     llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=4, dtype="float32")  # fmt: skip
+              num_speculative_tokens=4, dtype="float32", draft_quantization=None)  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=31, ignore_eos=True)
     out = llm.generate(["w3 w4"], params)[0]
     assert out.token_ids == tiny_llm.generate(["w3 w4"], params)[0].token_ids
@@ -147,7 +149,7 @@ def test_eos_inside_an_accepted_run(tiny_dirs):
     """Sampled with a seed and a fixed K, EOS ends the output in SD as in AR, and nothing
     after it is kept; with ignore_eos the EOS token is kept."""
     llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=4, dtype="float32")  # fmt: skip
+              num_speculative_tokens=4, dtype="float32", draft_quantization=None)  # fmt: skip
     eos = llm.eos_token_ids[0]
     params = [SamplingParams(temperature=1.5, max_tokens=20, seed=s) for s in range(200)]
     outs = llm.generate(["w3"] * 200, params)

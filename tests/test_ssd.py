@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 import torch
-from stats import chi_square_pvalue, exact_sequence_probs
+from stats import chi_square_pvalue, exact_sequence_probs, seeded
 
 from specdec import LLM, SamplingParams
 from specdec.sampling import SamplingParams as SP
@@ -79,7 +79,7 @@ def test_sampled_ssd_follows_target_distribution(tiny_dirs, kw):
     with ssd(tiny_dirs, draft_model=tiny_dirs["v16_draft"], draft_vocab=None,
              num_speculative_tokens=1, **kw) as llm:  # fmt: skip
         prompt = llm.tokenizer.encode("w3 w4 w5 w3 w4")
-        outs = llm.generate([prompt] * N, params)
+        outs = llm.generate([prompt] * N, seeded(params, N))
         eos = llm.eos_token_ids[0]
         m = llm.metrics()
     samples = [tuple(o.token_ids) + ((eos,) if o.finish_reason == "stop" else ()) for o in outs]

@@ -126,6 +126,18 @@ class DraftWorker:
         scores[self.cfg.tokenizer_vocab :] = float("-inf")
         return scores.topk(n).indices.tolist()
 
+    def _next(self, logits: torch.Tensor, states: list[_Seq], position: int) -> list[tuple]:
+        """(token, q' ids, q' probs) for each row. Greedy rows skip the full-vocabulary
+        transform: their q' is the point mass on the argmax (over real tokens)."""
+        if all(st.params.greedy for st in states):
+            out = []
+            for row in logits:
+                tok = self._top_tokens(row, 1)[0]
+                out.append((tok, torch.tensor([tok]), torch.ones(1, dtype=torch.float64)))
+            return out
+        q = self._q(logits, states)
+        return [self._draw(q[i], st, position) for i, st in enumerate(states)]
+
     def _draw(self, q_row: torch.Tensor, st: _Seq, position: int):
         """Sample one draft token from Saguaro's q' at draft position ``position`` (0-based)."""
         fan = st.fanout[position] if position < len(st.fanout) else 0
@@ -214,9 +226,9 @@ class DraftWorker:
             logits = self.model.forward(tokens, self.cache, rows, num_new=num_new,
                                         positions=positions, attn_mask=mask)  # fmt: skip
             for i, (st, lay) in enumerate(zip(states, layouts)):
-                q = self._q(logits[i, : lay.width], [st] * lay.width)
+                draws = self._next(logits[i, : lay.width], [st] * lay.width, step)
                 for j in range(lay.width):
-                    tok, ids, probs = self._draw(q[j], st, step)
+                    tok, ids, probs = draws[j]
                     drafted[i][j].append(tok)
                     q_ids[i][j].append(ids)
                     q_probs[i][j].append(probs)
@@ -264,10 +276,10 @@ class DraftWorker:
                                     logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
         out = [([], [], []) for _ in states]
         for step in range(self.cfg.k):
-            q = self._q(logits, states)
+            draws = self._next(logits, states, step)
             nxt = []
-            for i, st in enumerate(states):
-                tok, ids, probs = self._draw(q[i], st, step)
+            for i, _st in enumerate(states):
+                tok, ids, probs = draws[i]
                 out[i][0].append(tok)
                 out[i][1].append(ids)
                 out[i][2].append(probs)
