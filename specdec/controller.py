@@ -59,8 +59,7 @@ class SpeculationController:
 
     # -- acceptance --------------------------------------------------------------------------
     def alpha(self, seq: Sequence) -> float:
-        s = seq.stats
-        return (s.accepted + self.prior_alpha * self.prior_weight) / (s.drafted + self.prior_weight)
+        return seq.stats.per_token_acceptance(self.prior_alpha, self.prior_weight)
 
     # -- costs -------------------------------------------------------------------------------
     def observe_round(self, batch: int, k: int, draft_s: float, verify_s: float, other_s: float):

@@ -51,6 +51,7 @@ def speculation_metrics(s) -> dict:
         "drafted_tokens": s.drafted,
         "accepted_tokens": s.accepted,
         "acceptance_rate": s.accepted / s.drafted,
+        "per_token_acceptance": s.per_token_acceptance(),  # alpha: accepted / judged
         "mean_tokens_per_round": (s.accepted + len(s.accepted_lengths))
         / max(1, len(s.accepted_lengths)),
         "per_position_acceptance": [

@@ -32,6 +32,7 @@ class SequenceStats:
     rounds: int = 0  # decoding rounds this sequence took part in (after the prefill)
     drafted: int = 0  # draft tokens proposed to the verifier
     accepted: int = 0  # draft tokens accepted
+    judged: int = 0  # draft tokens the verifier got to judge: the accepted + the first rejected
     accepted_lengths: list[int] = field(default_factory=list)  # per round
     position_proposed: list[int] = field(default_factory=list)  # per draft position
     position_accepted: list[int] = field(default_factory=list)
@@ -40,6 +41,13 @@ class SequenceStats:
     verify_time: float = 0.0
     decode_time: float = 0.0  # whole rounds (draft + verify + bookkeeping)
     extra: dict = field(default_factory=dict)  # method-specific counters (e.g. "ssd")
+
+    def per_token_acceptance(self, prior: float = 0.7, prior_weight: float = 0.0) -> float:
+        """alpha, the chance that the verifier accepts a draft token given it reaches it: the
+        maximum-likelihood estimate accepted / judged (with an optional prior). Tokens after
+        the first rejection are never judged; counting them (accepted / drafted, the usual
+        "acceptance rate") underestimates alpha the more, the longer the drafts."""
+        return (self.accepted + prior * prior_weight) / max(self.judged + prior_weight, 1e-9)
 
 
 class Sequence:

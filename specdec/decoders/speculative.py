@@ -132,6 +132,7 @@ class SpeculativeDecoder(Decoder):
             return
         st.drafted += k
         st.accepted += n
+        st.judged += n + (n < k)
         st.accepted_lengths.append(n)
         for i in range(k):
             if len(st.position_proposed) <= i:

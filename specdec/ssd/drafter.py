@@ -316,7 +316,7 @@ def ssd_metrics(seq_stats) -> dict:
     }
     rounds = seq_stats.rounds
     if rounds and seq_stats.drafted:
-        alpha = seq_stats.accepted / seq_stats.drafted
+        alpha = seq_stats.per_token_acceptance()
         k = max(1, round(seq_stats.drafted / max(1, len(seq_stats.accepted_lengths))))
         e = expected_tokens(alpha, k)
         t_verify = seq_stats.verify_time / rounds

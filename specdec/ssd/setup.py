@@ -11,7 +11,7 @@ from specdec.ssd.fanout import FANOUTS
 from specdec.ssd.worker import WorkerConfig
 
 DEFAULT_K = 4
-DEFAULT_BUDGET = 4  # a CPU drafter core can afford a few branches per verify pass
+DEFAULT_BUDGET = 2  # measured best on a 2-core CPU (B=1..8, README); more branches slow the drafter
 DEFAULT_C = 1.0
 
 

@@ -1,0 +1,64 @@
+"""The adaptive speculation length: its acceptance estimate and its choice of K."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.controller import SpeculationController, expected_tokens
+from specdec.decoders.speculative import SpeculativeDecoder
+from specdec.sequence import SequenceStats
+
+
+def simulated_seq(alpha: float, k: int, rounds: int, seed: int = 0):
+    """A sequence whose rounds follow the i.i.d. acceptance model, recorded as the decoder does."""
+    rng = random.Random(seed)
+    seq = SimpleNamespace(stats=SequenceStats())
+    for _ in range(rounds):
+        n = 0
+        while n < k and rng.random() < alpha:
+            n += 1
+        SpeculativeDecoder._record(seq, k, n)
+    return seq
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.85])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_acceptance_estimate_is_unbiased_for_any_draft_length(alpha, k):
+    seq = simulated_seq(alpha, k, rounds=20000)
+    assert seq.stats.per_token_acceptance() == pytest.approx(alpha, abs=0.015)
+    if k > 1:  # the usual accepted / drafted is biased low: it counts unjudged tokens
+        assert seq.stats.accepted / seq.stats.drafted < alpha - 0.05
+
+
+def test_expected_tokens_matches_simulation():
+    seq = simulated_seq(0.7, 4, rounds=20000, seed=1)
+    per_round = (seq.stats.accepted + len(seq.stats.accepted_lengths)) / 20000
+    assert per_round == pytest.approx(expected_tokens(0.7, 4), rel=0.02)
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+def _trained(t_draft: float, t_verify_1: float, t_verify_per_token: float):
+    ctl = SpeculationController(k_max=8)
+    for k in (0, 1, 4, 8):  # the pass sizes seen so far, with their costs
+        ctl.observe_round(1, k, t_draft * k, t_verify_1 + t_verify_per_token * k, 0.001)
+    return ctl
+
+
+def test_controller_drafts_long_when_drafts_are_cheap_and_good():
+    ctl = _trained(t_draft=0.01, t_verify_1=0.1, t_verify_per_token=0.005)
+    assert ctl.choose_k([simulated_seq(0.9, 4, 200)]) >= 5
+
+
+def test_controller_stops_drafting_when_it_cannot_pay():
+    """A weak, slow drafter: K = 0 (plain AR rounds), probing with K = 1 now and then."""
+    ctl = _trained(t_draft=0.05, t_verify_1=0.1, t_verify_per_token=0.02)
+    seq = simulated_seq(0.2, 4, 200)
+    choices = [ctl.choose_k([seq]) for _ in range(40)]
+    assert choices.count(0) >= 36 and set(choices) <= {0, 1} and 1 in choices
+
+
+def test_fixed_k_is_kept():
+    assert SpeculationController(fixed_k=3).choose_k([simulated_seq(0.1, 3, 50)]) == 3
