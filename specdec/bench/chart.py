@@ -14,7 +14,7 @@ def plot(report: dict, path: str | Path) -> Path:
     types = [*report["config"]["types"], "all"]
     methods = list(report["methods"])
     width = 0.8 / max(len(methods), 1)
-    fig = Figure(figsize=(max(6.0, 1.6 * len(types) * max(1, len(methods)) / 2), 4.5))
+    fig = Figure(figsize=(min(16.0, max(6.0, 0.45 * len(types) * max(1, len(methods)))), 5.0))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     top = 0.0

@@ -18,8 +18,10 @@ Fairness. Every method starts from the same prompt token ids (tokenized once wit
 chat template applied where the prompt asks for it) and generates exactly ``--max-tokens`` new
 tokens, ignoring EOS: ours via ``SamplingParams(ignore_eos=True)``, transformers with
 ``eos_token_id=None`` in its generation config (and repetition penalty 1), llama.cpp through
-``Llama.generate``, which never stops by itself (repeat penalty 1). Each model is loaded once per
-method and warmed up with one short generation that is not measured.
+``Llama.generate``, which never stops by itself (repeat penalty 1). Each repeat loads every
+method in turn (in alternating order, so that a machine drifting in speed during the run weighs
+on all methods alike), warms it up with one short generation that is not measured, runs every
+prompt once, and unloads it.
 
 Decode tokens/s excludes the prefill the same way for every method: the tokens that arrive after
 the first emitted chunk, divided by the time from that first emission to the last token. Ours
@@ -655,35 +657,43 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, Path]:
 # ----------------------------------------------------------------------------- main
 
 
-def bench_method(spec, args, prompts, prompt_ids, max_len, ref, bar) -> dict:
-    """Load one method's models, warm up, run every prompt ``repeats`` times, unload. Our
-    greedy ``ar`` is its own reference: its repeats must agree."""
+def bench_pass(spec, args, prompt_ids, bar) -> tuple[float, list[RunResult]]:
+    """Load one method's models, warm up, run every prompt once, unload (freeing its memory
+    before the next method loads). Returns the load time and one run per prompt."""
     bar.set_description(f"{spec.label} (loading)")
     t0 = time.perf_counter()
-    engine = ENGINES[spec.kind](spec, args, max_len)
+    engine = ENGINES[spec.kind](
+        spec, args, max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
+    )
     load_s = time.perf_counter() - t0
     bar.set_description(spec.label)
-    self_ref = spec.label == "ar" and args.temperature == 0
     try:
         warm = prompt_ids[0][:WARMUP_PROMPT_TOKENS]
         engine.run(warm, WARMUP_NEW_TOKENS, args.temperature, args.seed)
-        per_prompt = []
-        for p, ids in zip(prompts, prompt_ids):
-            runs = []
-            for _ in range(args.repeats):
-                runs.append(engine.run(ids, args.max_tokens, args.temperature, args.seed))
-                bar.update()
-            want = runs[0].token_ids if self_ref else ref.get(p["id"])
-            per_prompt.append(summarize_prompt(p, len(ids), runs, want))
-    finally:  # free this method's models before the next one loads
+        runs = []
+        for ids in prompt_ids:
+            runs.append(engine.run(ids, args.max_tokens, args.temperature, args.seed))
+            bar.update()
+    finally:
         engine.close()
         del engine
         gc.collect()
+    return load_s, runs
+
+
+def summarize_method(spec, args, prompts, prompt_ids, runs, load_s, ref) -> dict:
+    """Medians over one method's repeats per prompt. Our greedy ``ar`` is its own reference:
+    its repeats must agree."""
+    self_ref = spec.label == "ar" and args.temperature == 0
+    per_prompt = []
+    for p, ids, prompt_runs in zip(prompts, prompt_ids, runs):
+        want = prompt_runs[0].token_ids if self_ref else ref.get(p["id"])
+        per_prompt.append(summarize_prompt(p, len(ids), prompt_runs, want))
     return {
         "kind": spec.kind,
         "kwargs": _fill_draft(spec.kwargs, args.draft_model),
         "note": spec.note,
-        "load_s": load_s,
+        "load_s": _median(load_s),
         "prompts": per_prompt,
     }
 
@@ -698,7 +708,6 @@ def run_bench(args: argparse.Namespace) -> int:
     methods = select_methods(args.methods, args.model)
     prompts = load_prompts(types, args.prompts_per_type)
     prompt_ids = encode_prompts(prompts, resolve_model(args.model))
-    max_len = max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
     report = {
         "machine": machine_info(args),
         "config": {
@@ -720,15 +729,27 @@ def run_bench(args: argparse.Namespace) -> int:
         ],
         "methods": {},
     }
-    ref: dict[str, list[int]] = {}
+    # Repeats are the outer loop and every repeat runs the methods in the opposite order to
+    # the one before: a machine that speeds up or slows down during the run (other tenants,
+    # thermals) then weighs on every method alike instead of on whichever ran last.
+    runs = {m.label: [[] for _ in prompts] for m in methods}
+    loads: dict[str, list[float]] = {m.label: [] for m in methods}
     total = len(methods) * len(prompts) * args.repeats
     with tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
-        for spec in methods:
-            res = bench_method(spec, args, prompts, prompt_ids, max_len, ref, bar)
-            if spec.label == "ar" and args.temperature == 0:
-                ref = {p["id"]: p["token_ids"] for p in res["prompts"]}
-            res["types"] = summarize_types(res["prompts"], types)
-            report["methods"][spec.label] = res
+        for r in range(args.repeats):
+            for spec in methods if r % 2 == 0 else methods[::-1]:
+                load_s, got = bench_pass(spec, args, prompt_ids, bar)
+                loads[spec.label].append(load_s)
+                for per_prompt, run in zip(runs[spec.label], got):
+                    per_prompt.append(run)
+    ref: dict[str, list[int]] = {}
+    if "ar" in runs and args.temperature == 0:
+        ref = {p["id"]: rs[0].token_ids for p, rs in zip(prompts, runs["ar"])}
+    for spec in methods:
+        res = summarize_method(spec, args, prompts, prompt_ids, runs[spec.label],
+                               loads[spec.label], ref)  # fmt: skip
+        res["types"] = summarize_types(res["prompts"], types)
+        report["methods"][spec.label] = res
     add_speedups(report["methods"])
     stamped, latest, png = write_report(report, Path(args.out))
     print(format_table(report))
