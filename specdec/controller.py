@@ -40,7 +40,7 @@ class SpeculationController:
         fixed_k: int | None = None,
         prior_alpha: float = 0.7,
         prior_weight: float = 4.0,
-        explore: tuple[int, ...] = (4, 1, 8),
+        explore: tuple[int, ...] = (4, 0, 1, 8),
         probe_every: int = 16,
     ):
         if fixed_k is not None and fixed_k < 0:
@@ -88,7 +88,10 @@ class SpeculationController:
         """One K for the round (each sequence may still cap it by what it has left)."""
         if self.fixed_k is not None:
             return self.fixed_k
-        if self.rounds < len(self.explore):  # measure a few pass sizes before trusting the model
+        # measure a few pass sizes before trusting the model; K = 0 among them, because the
+        # cost of a plain 1-token pass extrapolated from larger passes is too high, and that
+        # error favours drafting exactly where it does not pay
+        if self.rounds < len(self.explore):
             return self.explore[self.rounds]
         alphas = [self.alpha(s) for s in seqs]
         t_d = self.t_draft.value or 0.0

@@ -327,13 +327,13 @@ def test_32_concurrent_streaming_clients(server, ref):
     assert_idle(server)
 
 
-@pytest.mark.parametrize("method", ["sd", "ngram"])
+@pytest.mark.parametrize("method", ["sd", "ngram", "ssd"])
 def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs, ref, method):
-    kw = {"draft_model": tiny_dirs["draft"]} if method == "sd" else {}
+    kw = {"draft_model": tiny_dirs["draft"]} if method in ("sd", "ssd") else {}
     llm = LLM(tiny_dirs["llama"], method=method, num_speculative_tokens=3, dtype="float32", **kw)
     prompt = "w3 w4 w5 w3 w4 w5 w3 w4"  # repeats: prompt lookup has something to propose
     want = greedy(ref, prompt, 24, ignore_eos=True)  # AR: speculative decoding is lossless
-    with ServerThread(create_app(llm, MODEL, max_num_seqs=4)) as srv:
+    with llm, ServerThread(create_app(llm, MODEL, max_num_seqs=4)) as srv:
         c = client(srv)
         kw = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
         kw["extra_body"] = {"ignore_eos": True}
@@ -343,6 +343,8 @@ def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs
         assert spec["method"] == method
         assert 0 <= spec["acceptance_rate"] <= 1 and spec["mean_tokens_per_round"] >= 1
         assert spec["drafted_tokens"] > 0
+        if method == "ssd":
+            assert 0 <= spec["ssd_hit_rate"] <= 1 and spec["ssd_lookups"] > 0
         usage = {"include_usage": True}
         chunks = list(c.completions.create(stream=True, stream_options=usage, **kw))
         assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want.text
@@ -351,6 +353,8 @@ def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs
         accepted = metric(srv, "specdec_accepted_tokens_total")
         assert drafted > 0
         assert metric(srv, "specdec_acceptance_rate") == pytest.approx(accepted / drafted)
+        if method == "ssd":
+            assert 0 <= metric(srv, "specdec_ssd_hit_rate") <= 1
         assert_idle(srv)
 
 

@@ -16,7 +16,7 @@ PROMPT = "w3 w4 w5 w3 w4"  # repeats, so prompt lookup has something to propose
 
 @pytest.fixture
 def sd_llm(tiny_dirs):
-    # adaptive K; a fresh controller per test starts with its exploration rounds (K = 4, 1, 8),
+    # adaptive K; a fresh controller per test starts with its exploration rounds (K = 4, 0, 1, 8),
     # so speculation surely happens even where its timings would later choose K = 0
     return LLM(tiny_dirs["v16"], draft_model=tiny_dirs["v16_draft"], method="sd", dtype="float32")
 
