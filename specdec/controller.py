@@ -24,6 +24,21 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def _nondecreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The closest nondecreasing fit (pool adjacent violators) to times by pass size. A bigger
+    pass never costs less; a noisy sample that says so (t(3) > t(4) after one round each)
+    would make the sizes around it look better or worse than they are."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
+    for _, v in points:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [b[0] / b[1] for b in blocks for _ in range(b[1])]
+    return [(t, f) for (t, _), f in zip(points, fitted)]
+
+
 @dataclass
 class _Ema:
     value: float | None = None
@@ -71,7 +86,9 @@ class SpeculationController:
         self.t_other.add(other_s)
 
     def verify_time(self, tokens: int) -> float | None:
-        known = sorted((t, e.value) for t, e in self.t_verify.items() if e.value is not None)
+        known = _nondecreasing(
+            sorted((t, e.value) for t, e in self.t_verify.items() if e.value is not None)
+        )
         if not known:
             return None
         if len(known) == 1:  # one size seen: assume a flat cost, as in memory-bound passes

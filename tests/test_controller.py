@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.controller import SpeculationController, expected_tokens
+from specdec.controller import SpeculationController, _nondecreasing, expected_tokens
 from specdec.decoders.speculative import SpeculativeDecoder
 from specdec.sequence import SequenceStats
 
@@ -62,3 +62,15 @@ def test_controller_stops_drafting_when_it_cannot_pay():
 
 def test_fixed_k_is_kept():
     assert SpeculationController(fixed_k=3).choose_k([simulated_seq(0.1, 3, 50)]) == 3
+
+
+def test_verify_times_are_fitted_nondecreasing():
+    got = _nondecreasing([(1, 0.10), (2, 0.10), (3, 0.12), (4, 0.10), (5, 0.104), (9, 0.23)])
+    assert [t for t, _ in got] == [1, 2, 3, 4, 5, 9]
+    values = [v for _, v in got]
+    assert values == sorted(values)
+    assert values[2] == values[3] == values[4] == pytest.approx((0.12 + 0.10 + 0.104) / 3)
+    ctl = SpeculationController()
+    for tokens, t in [(1, 0.10), (3, 0.12), (4, 0.10)]:
+        ctl.observe_round(1, tokens - 1, 0.0, t, 0.0)
+    assert ctl.verify_time(3) == ctl.verify_time(4) == pytest.approx(0.11)
