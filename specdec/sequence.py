@@ -42,7 +42,7 @@ class SequenceStats:
     decode_time: float = 0.0  # whole rounds (draft + verify + bookkeeping)
     extra: dict = field(default_factory=dict)  # method-specific counters (e.g. "ssd")
 
-    def per_token_acceptance(self, prior: float = 0.7, prior_weight: float = 0.0) -> float:
+    def per_token_acceptance(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
         """alpha, the chance that the verifier accepts a draft token given it reaches it: the
         maximum-likelihood estimate accepted / judged (with an optional prior). Tokens after
         the first rejection are never judged; counting them (accepted / drafted, the usual

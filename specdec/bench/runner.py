@@ -657,14 +657,12 @@ def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, Path]:
 # ----------------------------------------------------------------------------- main
 
 
-def bench_pass(spec, args, prompt_ids, bar) -> tuple[float, list[RunResult]]:
+def bench_pass(spec, args, prompt_ids, max_len, bar) -> tuple[float, list[RunResult]]:
     """Load one method's models, warm up, run every prompt once, unload (freeing its memory
     before the next method loads). Returns the load time and one run per prompt."""
     bar.set_description(f"{spec.label} (loading)")
     t0 = time.perf_counter()
-    engine = ENGINES[spec.kind](
-        spec, args, max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
-    )
+    engine = ENGINES[spec.kind](spec, args, max_len)
     load_s = time.perf_counter() - t0
     bar.set_description(spec.label)
     try:
@@ -708,6 +706,7 @@ def run_bench(args: argparse.Namespace) -> int:
     methods = select_methods(args.methods, args.model)
     prompts = load_prompts(types, args.prompts_per_type)
     prompt_ids = encode_prompts(prompts, resolve_model(args.model))
+    max_len = max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
     report = {
         "machine": machine_info(args),
         "config": {
@@ -738,7 +737,7 @@ def run_bench(args: argparse.Namespace) -> int:
     with tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True) as bar:
         for r in range(args.repeats):
             for spec in methods if r % 2 == 0 else methods[::-1]:
-                load_s, got = bench_pass(spec, args, prompt_ids, bar)
+                load_s, got = bench_pass(spec, args, prompt_ids, max_len, bar)
                 loads[spec.label].append(load_s)
                 for per_prompt, run in zip(runs[spec.label], got):
                     per_prompt.append(run)

@@ -276,13 +276,13 @@ class DraftWorker:
                                     logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
         out = [([], [], []) for _ in states]
         for step in range(self.cfg.k):
-            draws = self._next(logits, states, step)
             nxt = []
-            for i, _st in enumerate(states):
-                tok, ids, probs = draws[i]
-                out[i][0].append(tok)
-                out[i][1].append(ids)
-                out[i][2].append(probs)
+            for (toks, q_ids, q_probs), (tok, ids, probs) in zip(
+                out, self._next(logits, states, step)
+            ):
+                toks.append(tok)
+                q_ids.append(ids)
+                q_probs.append(probs)
                 nxt.append(tok)
             if step + 1 < self.cfg.k:
                 logits = self.model.forward(torch.tensor(nxt)[:, None], self.cache, rows)[:, 0]
