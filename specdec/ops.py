@@ -31,9 +31,9 @@ class LinearWeight:
     """y = x @ weight.T * scale + bias, weight [out, in] in its storage dtype.
 
     ``scale`` is set only for quantized weights: int8 ``weight`` [out, in] with an fp32 scale
-    per output row, or int4: ``weight`` uint8 [out, ceil(in/64)*32] (two 4-bit values a byte,
-    placed as ``int4_nibble_k`` says; rows zero-padded to a multiple of 64 inputs) with an fp16
-    scale per group of 32 inputs, [out, ceil(in/64)*2]."""
+    per output row, or int4: ``weight`` uint8 [out, ceil(in/128)*64] (two 4-bit values a byte,
+    placed as ``int4_nibble_k`` says; rows zero-padded to a multiple of 128 inputs) with an
+    fp16 scale per group of 32 inputs, [out, ceil(in/128)*4]."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
@@ -55,7 +55,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 INT4_GROUP = 32  # inputs per int4 scale
-INT4_BLOCK = 64  # inputs per 32-byte block of the packed layout (rows are padded to whole blocks)
+INT4_BLOCK = 64  # inputs per 32-byte unit of the packed layout
+INT4_ROW = 128  # rows are padded to a multiple of this many inputs (AVX-512 reads two units)
 
 
 def int4_nibble_k() -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +104,7 @@ def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
     elif w.dtype == torch.int8:
         lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
     elif w.dtype == torch.uint8:
-        blocks = -(-k // INT4_BLOCK)
+        blocks = -(-k // INT4_ROW) * (INT4_ROW // INT4_BLOCK)
         if w.shape[1] != blocks * 32 or lw.scale.shape[1] != 2 * blocks:
             raise ValueError(f"int4 weight {tuple(w.shape)} does not fit {k} inputs")
         if lw.scale.dtype != torch.float16 or not (w.is_contiguous() and lw.scale.is_contiguous()):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.model import Transformer
-from specdec.ops import INT4_BLOCK, INT4_GROUP, LinearWeight, int4_nibble_k
+from specdec.ops import INT4_BLOCK, INT4_GROUP, INT4_ROW, LinearWeight, int4_nibble_k
 
 
 def quantize_int8(lw: LinearWeight) -> LinearWeight:
@@ -34,10 +34,10 @@ def quantize_model_int8(model: Transformer) -> None:
 def quantize_int4(lw: LinearWeight) -> LinearWeight:
     """Symmetric int4 per group of 32 inputs, fp16 scales: w ~= scale[n, g] * q, q in [-8, 7].
     As in llama.cpp's Q4_0, a group's largest-magnitude weight maps to -8 (the scale takes its
-    sign), which uses all 16 levels. Rows are zero-padded to a multiple of 64 inputs."""
+    sign), which uses all 16 levels. Rows are zero-padded to a multiple of 128 inputs."""
     w = lw.weight.float()
     n, k = w.shape
-    kp = -(-k // INT4_BLOCK) * INT4_BLOCK
+    kp = -(-k // INT4_ROW) * INT4_ROW
     groups = F.pad(w, (0, kp - k)).reshape(n, kp // INT4_GROUP, INT4_GROUP)
     extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))
     scale = (extreme / -8).to(torch.float16)  # quantize against the scale actually stored

@@ -37,10 +37,14 @@ def reference(x: torch.Tensor, lw: ops.LinearWeight) -> torch.Tensor:
     return y if lw.bias is None else y + lw.bias.double()
 
 
-@pytest.fixture
-def kernels_on():
-    if kernels.library() is None:
-        pytest.skip(f"our CPU kernels are not in use here: {kernels.status()}")
+@pytest.fixture(params=list(kernels.BUILDS))
+def kernels_on(request, monkeypatch):
+    """Each build this CPU runs (AVX2 and AVX-512 reduce in different orders and tile
+    differently: each must be right and batch invariant on its own)."""
+    lib, why = kernels.load_build(request.param)
+    if lib is None:
+        pytest.skip(why)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
     yield
     ops.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -58,7 +62,7 @@ def test_linear_matches_float64(kernels_on, dtype, k):
     torch.testing.assert_close(y.double(), reference(x, lw), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("k", [896, 100, 37])
+@pytest.mark.parametrize("k", [896, 192, 100, 37])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_is_batch_invariant(kernels_on, dtype, k):
     """Row m of a 9-row product is bit-identical to the same row computed alone, inside a
@@ -72,6 +76,7 @@ def test_linear_is_batch_invariant(kernels_on, dtype, k):
         assert torch.equal(ops.linear(x[m : m + 1], lw), y9[m : m + 1])
     for m0 in (0, 2, 4):
         assert torch.equal(ops.linear(x[m0 : m0 + 5], lw), y9[m0 : m0 + 5])
+    assert torch.equal(ops.linear(x[:6], lw), y9[:6])  # the widest AVX-512 tile
     assert torch.equal(ops.linear(x, lw)[:9], y9)
     ops.set_num_threads(1)
     assert torch.equal(ops.linear(x[:9], lw), y9)

@@ -1,9 +1,14 @@
 """Our CPU kernels: built once per machine with the system C++ compiler, loaded with ctypes.
 
-The build is cached under ``$SPECDEC_HOME/kernels/<hash>/`` (keyed by the source and flags),
-so the first use on a machine costs a few seconds and later ones nothing. Where the kernels
-cannot be used (not x86-64 with AVX2/FMA, no compiler, or ``SPECDEC_KERNELS=torch``) callers
-fall back to plain torch operations; ``status()`` says which path is live and why.
+One source, two builds: AVX2 + FMA (8-lane vectors) and AVX-512 (16 lanes); the widest the
+CPU runs is used. A build is cached under ``$SPECDEC_HOME/kernels/<hash>/`` (keyed by the
+source and flags), so the first use on a machine costs a few seconds and later ones nothing.
+``SPECDEC_KERNELS`` overrides the choice: ``avx2``, ``avx512``, or ``torch`` (no kernels).
+Where the kernels cannot be used (not x86-64 with AVX2/FMA, no compiler) callers fall back to
+plain torch operations; ``status()`` says which path is live and why.
+
+Each build is batch invariant on its own; the two reduce in different orders, so bits (not
+tokens, in practice) may differ between them, as between any two machines.
 """
 
 from __future__ import annotations
@@ -22,8 +27,16 @@ from pathlib import Path
 from specdec.paths import specdec_home
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-ABI_VERSION = 2
+COMMON_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# build name -> (extra compiler flags, CPU flags it needs beyond AVX2/FMA/F16C)
+BUILDS = {
+    "avx512": (
+        ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"],
+        ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
+    ),
+    "avx2": ([], ()),
+}
+ABI_VERSION = 3
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -41,17 +54,29 @@ _SIGNATURES = {
 }
 
 
-def _cpu_supports_avx2() -> bool:
+@cache
+def _cpu_flags() -> frozenset[str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return frozenset()
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return all(f" {flag}" in flags for flag in ("avx2", "fma", "f16c"))
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
-def _build(out_dir: Path) -> Path:
+def supported_builds() -> list[str]:
+    """The builds this CPU can run, widest first."""
+    flags = _cpu_flags()
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return []
+    return [name for name, (_, needs) in BUILDS.items() if set(needs) <= flags]
+
+
+def _build(out_dir: Path, flags: list[str]) -> Path:
     lib = out_dir / "libspecdec_cpu.so"
     if lib.exists():
         return lib
@@ -65,7 +90,7 @@ def _build(out_dir: Path) -> Path:
             return lib
         with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so", delete=False) as tmp:
             tmp_path = Path(tmp.name)
-        cmd = [compiler, *FLAGS, str(SOURCE), "-o", str(tmp_path)]
+        cmd = [compiler, *flags, str(SOURCE), "-o", str(tmp_path)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp_path.unlink(missing_ok=True)
@@ -75,24 +100,44 @@ def _build(out_dir: Path) -> Path:
 
 
 @cache
-def _load() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("SPECDEC_KERNELS", "").lower() == "torch":
-        return None, "disabled by SPECDEC_KERNELS=torch"
-    if not _cpu_supports_avx2():
-        return None, "CPU lacks AVX2/FMA/F16C (or is not x86-64)"
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
+    """(library, description) for one build, or (None, why not)."""
+    if name not in supported_builds():
+        return None, f"this CPU cannot run the {name} build"
+    flags = COMMON_FLAGS + BUILDS[name][0]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     try:
-        lib_path = _build(specdec_home() / "kernels" / key)
+        lib_path = _build(specdec_home() / "kernels" / key, flags)
         lib = ctypes.CDLL(str(lib_path))
     except (OSError, RuntimeError) as exc:
         return None, f"unavailable: {exc}"
     if lib.specdec_abi_version() != ABI_VERSION:
         return None, "stale kernel build (ABI mismatch)"
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
+    for fn_name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, fn_name)
         fn.argtypes = argtypes
         fn.restype = None
-    return lib, "specdec AVX2 kernels"
+    return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes)"
+
+
+@cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    choice = os.environ.get("SPECDEC_KERNELS", "").lower()
+    if choice == "torch":
+        return None, "disabled by SPECDEC_KERNELS=torch"
+    if choice and choice not in BUILDS:
+        return None, f"SPECDEC_KERNELS={choice!r} is not one of torch, {', '.join(BUILDS)}"
+    builds = supported_builds()
+    if not builds:
+        return None, "CPU lacks AVX2/FMA/F16C (or is not x86-64)"
+    if choice:
+        return load_build(choice)
+    why = ""
+    for name in builds:  # widest first; a build that fails falls back to the next
+        lib, why = load_build(name)
+        if lib is not None:
+            return lib, why
+    return None, why
 
 
 def library() -> ctypes.CDLL | None:

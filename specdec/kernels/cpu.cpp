@@ -1,16 +1,21 @@
-// specdec CPU kernels (x86-64, AVX2 + FMA), called through ctypes.
+// specdec CPU kernels (x86-64: AVX2 + FMA, or AVX-512), called through ctypes.
 //
 // Why our own kernels: on CPUs without native bf16 (AVX2 only), torch's bf16 matmuls run at
 // a fraction of memory bandwidth, and MKL's small-M fp32 gemm is not much better. A decoder
 // step is a few small-M matrix products over large weights, so a kernel that streams the
 // weights once and converts bf16 -> fp32 in registers is 2-3x faster.
 //
+// One source, two builds: VL (fp32 lanes per vector) is 8 with AVX2 and 16 when compiled with
+// AVX-512 (twice the work per instruction and 32 registers: verification passes of 5-9
+// tokens and int4 unpacking are bound by instructions, not memory). The loader picks the
+// widest build the CPU runs.
+//
 // Batch invariance (why exactness tests can demand token-identical output): every output
-// element is reduced in one fixed order (8 fp32 lanes over k, each weight format fixing which
-// k goes to which lane, then a fixed lane tree), which depends only on K, never on how many
-// rows (M) are in the call, which tile computed it or how many threads ran. So a token's
-// logits are bit-identical whether it is decoded alone, in a batch, or inside a (K+1)-token
-// verification pass. The attention kernel keeps the same promise per query.
+// element is reduced in one fixed order (VL fp32 lanes over k, each weight format fixing which
+// k goes to which lane, then a fixed lane tree), which depends only on K and the build, never
+// on how many rows (M) are in the call, which tile computed it or how many threads ran. So a
+// token's logits are bit-identical whether it is decoded alone, in a batch, or inside a
+// (K+1)-token verification pass. The attention kernel keeps the same promise per query.
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -28,38 +33,89 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+// ---- the vector type of this build -----------------------------------------------------------
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 vf;
+typedef __m512i vi;
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vi viload(const void *p) { return _mm512_loadu_si512(p); }
+static inline vi vset1i(int v) { return _mm512_set1_epi32(v); }
+static inline vi vand(vi a, vi b) { return _mm512_and_si512(a, b); }
+static inline vi vslli(vi a, int n) { return _mm512_slli_epi32(a, n); }
+static inline vi vsrli(vi a, int n) { return _mm512_srli_epi32(a, n); }
+static inline vf vcvt(vi a) { return _mm512_cvtepi32_ps(a); }
+static inline vf vcast(vi a) { return _mm512_castsi512_ps(a); }
+static inline float vsum(vf v) {  // the two halves added, then the 8-lane tree
+    const __m256 lo = _mm512_castps512_ps256(v);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum8(_mm256_add_ps(lo, hi));
+}
+static inline vf vcvt_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+#else
+#define VL 8
+typedef __m256 vf;
+typedef __m256i vi;
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vi viload(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline vi vset1i(int v) { return _mm256_set1_epi32(v); }
+static inline vi vand(vi a, vi b) { return _mm256_and_si256(a, b); }
+static inline vi vslli(vi a, int n) { return _mm256_slli_epi32(a, n); }
+static inline vi vsrli(vi a, int n) { return _mm256_srli_epi32(a, n); }
+static inline vf vcvt(vi a) { return _mm256_cvtepi32_ps(a); }
+static inline vf vcast(vi a) { return _mm256_castsi256_ps(a); }
+static inline float vsum(vf v) { return hsum8(v); }
+static inline vf vcvt_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#endif
+
 // ---- weight formats ------------------------------------------------------------------------
 // A weight row is cut into blocks of KB consecutive k (BYTES of weights). A format
 // turns one block into NV fp32 vectors in a lane order of its choosing, and pack_x lays x out
-// in that same order (slot s = 8*u + lane of vector u holds x[k0 + src(s)] * xmul(s)), so a dot
-// product is a plain sequence of FMAs over (packed x, unpacked w) vectors. XV = packed x
+// in that same order (slot s = VL*u + lane of vector u holds x[k0 + src(s)] * xmul(s)), so a
+// dot product is a plain sequence of FMAs over (packed x, unpacked w) vectors. XV = packed x
 // vectors per block (NV, plus I4's offset vector). Formats never look at M.
 struct F32 {
     typedef float T;
-    static constexpr int KB = 8, NV = 1, XV = 1, BYTES = 32;
+    static constexpr int KB = VL, NV = 1, XV = 1, BYTES = 4 * VL;
     static constexpr bool GROUPED = false;
     static int src(int s) { return s; }
     static float xmul(int) { return 1.0f; }
-    static inline __m256 load(const float *b, int) { return _mm256_loadu_ps(b); }
-    static inline void pack(const float *x, float *o) { _mm256_storeu_ps(o, _mm256_loadu_ps(x)); }
+    static inline vf load(const float *b, int) { return vload(b); }
+    static inline void pack(const float *x, float *o) { vstore(o, vload(x)); }
     static inline float one(const float *r, long k) { return r[k]; }
 };
-struct BF16 {  // 16 bf16 in one 32-byte load: lane j holds k = 2j (low half) and 2j+1 (high)
+struct BF16 {  // 2*VL bf16 in one load: lane j holds k = 2j (low half) and 2j+1 (high)
     typedef uint16_t T;
-    static constexpr int KB = 16, NV = 2, XV = 2, BYTES = 32;
+    static constexpr int KB = 2 * VL, NV = 2, XV = 2, BYTES = 4 * VL;
     static constexpr bool GROUPED = false;
-    static int src(int s) { return 2 * (s & 7) + (s >> 3); }
+    static int src(int s) { return 2 * (s % VL) + s / VL; }
     static float xmul(int) { return 1.0f; }
     static inline void pack(const float *x, float *o) {  // evens, then odds
+#if VL == 16
+        const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                             28, 30);
+        const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+        _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, ev, hi));
+        _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, od, hi));
+#else
         const __m256 lo = _mm256_loadu_ps(x), hi = _mm256_loadu_ps(x + 8);
         const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
         _mm256_storeu_ps(o, _mm256_permutevar8x32_ps(_mm256_shuffle_ps(lo, hi, 0x88), order));
         _mm256_storeu_ps(o + 8, _mm256_permutevar8x32_ps(_mm256_shuffle_ps(lo, hi, 0xDD), order));
+#endif
     }
-    static inline __m256 load(const uint16_t *b, int u) {  // one ALU op per 8 weights
-        const __m256i v = _mm256_loadu_si256((const __m256i *)b);
-        return _mm256_castsi256_ps(u == 0 ? _mm256_slli_epi32(v, 16)
-                                          : _mm256_and_si256(v, _mm256_set1_epi32(-65536)));
+    static inline vf load(const uint16_t *b, int u) {  // one ALU op per VL weights
+        const vi v = viload(b);
+        return vcast(u == 0 ? vslli(v, 16) : vand(v, vset1i(-65536)));
     }
     static inline float one(const uint16_t *r, long k) {
         uint32_t u = ((uint32_t)r[k]) << 16;
@@ -70,51 +126,58 @@ struct BF16 {  // 16 bf16 in one 32-byte load: lane j holds k = 2j (low half) an
 };
 struct I8 {  // symmetric per-output-row int8; the row scale is applied after the reduction
     typedef int8_t T;
-    static constexpr int KB = 8, NV = 1, XV = 1, BYTES = 8;
+    static constexpr int KB = VL, NV = 1, XV = 1, BYTES = VL;
     static constexpr bool GROUPED = false;
     static int src(int s) { return s; }
     static float xmul(int) { return 1.0f; }
-    static inline void pack(const float *x, float *o) { _mm256_storeu_ps(o, _mm256_loadu_ps(x)); }
-    static inline __m256 load(const int8_t *b, int) {
-        const __m128i q = _mm_loadl_epi64((const __m128i *)b);
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-    }
+    static inline void pack(const float *x, float *o) { vstore(o, vload(x)); }
+    static inline vf load(const int8_t *b, int) { return vcvt_i8(b); }
     static inline float one(const int8_t *r, long k) { return (float)r[k]; }
 };
-// int4, symmetric per group of 32 k with an fp16 scale: w = scale * (nibble - 8). A block is
-// 64 k = 8 uint32 lanes of 8 nibbles; nibble p of lane j is k = 32*(j&1) + 4*p + (j>>1), so
-// lane j belongs to group j&1 and one broadcast of the block's two scales lines up with the
-// lanes. Nibble p is taken in place (w & 0xF<<4p, one AND) and x is packed premultiplied by
-// 16^-p, which is exact. The -8 offset rides on a ninth packed vector, -8 * (sum of the
-// lane's x), that seeds each block's partial sum. Rows are zero-padded to a whole block
-// (nibbles 8, i.e. 0), x likewise, so there is no k tail.
+// int4, symmetric per group of 32 k with an fp16 scale: w = scale * (nibble - 8). Stored in
+// 32-byte units of 64 k = 8 uint32 lanes of 8 nibbles; nibble p of lane j is
+// k = 32*(j&1) + 4*p + (j>>1), so lane j belongs to group j&1 and one broadcast of the unit's
+// two scales lines up with the lanes. A block is VL/8 units (the 16-lane build takes two side
+// by side). Nibble p is taken in place (w & 0xF<<4p, one AND) and x is packed premultiplied
+// by 16^-p, which is exact. The -8 offset rides on a ninth packed vector, -8 * (sum of the
+// lane's x), that seeds each block's partial sum. Rows are zero-padded to a multiple of 128 k
+// (nibbles 8, i.e. 0; every build reads whole blocks), x likewise, so there is no k tail.
 struct I4 {
     typedef uint8_t T;
-    static constexpr int KB = 64, NV = 8, XV = 9, BYTES = 32;
+    static constexpr int KB = 8 * VL, NV = 8, XV = 9, BYTES = 4 * VL;
     static constexpr bool GROUPED = true;
-    static int src(int s) { return 32 * (s & 1) + 4 * (s >> 3) + ((s & 7) >> 1); }
+    static constexpr int SCALES = KB / 32;  // fp16 group scales per block
+    static int src(int s) {
+        const int j = s % VL, p = s / VL;
+        return 64 * (j >> 3) + 32 * (j & 1) + 4 * p + ((j & 7) >> 1);
+    }
     static float xmul(int s) {
-        const int p = s >> 3;
+        const int p = s / VL;
         return p == 0 || p == 7 ? 1.0f : ldexpf(1.0f, -4 * p);
     }
     static inline void pack(const float *x, float *o) {
-        for (int s = 0; s < 64; s++) o[s] = x[src(s)] * xmul(s);
-        for (int j = 0; j < 8; j++) {  // the offset vector: -8 * (sum of the lane's x)
+        for (int s = 0; s < 8 * VL; s++) o[s] = x[src(s)] * xmul(s);
+        for (int j = 0; j < VL; j++) {  // the offset vector: -8 * (sum of the lane's x)
             float c = 0.0f;
-            for (int p = 0; p < 8; p++) c += x[src(8 * p + j)];
-            o[64 + j] = -8.0f * c;
+            for (int p = 0; p < 8; p++) c += x[src(VL * p + j)];
+            o[8 * VL + j] = -8.0f * c;
         }
     }
-    static inline __m256 load(const uint8_t *b, int p) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)b);
-        const __m256i n = p == 7 ? _mm256_srli_epi32(v, 28)  // 0xF<<28 would be negative
-                                 : _mm256_and_si256(v, _mm256_set1_epi32(0xF << (4 * p)));
-        return _mm256_cvtepi32_ps(n);
+    static inline vf load(const uint8_t *b, int p) {
+        const vi v = viload(b);
+        return vcvt(p == 7 ? vsrli(v, 28)  // 0xF<<28 would be negative
+                           : vand(v, vset1i(0xF << (4 * p))));
     }
-    static inline __m256 scales(const uint16_t *s) {  // lanes: s[0], s[1], s[0], s[1], ...
+    static inline vf scales(const uint16_t *s) {  // lanes: s[0], s[1], s[0], ... (per unit)
         int32_t two;
         memcpy(&two, s, 4);
+#if VL == 16
+        int32_t next;
+        memcpy(&next, s + 2, 4);
+        return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi32(next), _mm_set1_epi32(two)));
+#else
         return _mm256_cvtph_ps(_mm_set1_epi32(two));
+#endif
     }
     static inline float one(const uint8_t *, long) { return 0.0f; }  // no tail: rows are padded
 };
@@ -122,10 +185,12 @@ template <class W>
 struct Fmt : W {
     static constexpr long BLK = W::BYTES / sizeof(typename W::T);  // T per block
     static constexpr long blocks(long K) { return W::GROUPED ? (K + W::KB - 1) / W::KB : K / W::KB; }
-    static constexpr long row(long K) { return W::GROUPED ? blocks(K) * BLK : K; }  // T per row
+    // T per stored row, and (I4) group scales per row: rows are stored padded to 128 k
+    static constexpr long row(long K) { return W::GROUPED ? (K + 127) / 128 * 64 : K; }
+    static constexpr long scale_row(long K) { return W::GROUPED ? (K + 127) / 128 * 4 : 0; }
 };
 
-// x [M,K] -> packed [blocks][M][XV*8]: the rows of a block side by side, so that a k chunk of
+// x [M,K] -> packed [blocks][M][XV*VL]: the rows of a block side by side, so that a k chunk of
 // all rows is one contiguous piece (it stays in L1) and a tile addresses its rows by constants.
 // Shared among the threads of a parallel region if called in one. Only I4 has a partial last
 // block: it is packed from a zero-padded copy.
@@ -135,7 +200,7 @@ static void pack_x(const float *x, float *xp, long M, long K) {
 #pragma omp for schedule(static)
     for (long b = 0; b < nb; b++)
         for (long m = 0; m < M; m++) {
-            float *o = xp + (b * M + m) * W::XV * 8;
+            float *o = xp + (b * M + m) * W::XV * VL;
             const float *xr = x + m * K + b * W::KB;
             if ((b + 1) * W::KB <= K) {
                 W::pack(xr, o);
@@ -148,51 +213,51 @@ static void pack_x(const float *x, float *xp, long M, long K) {
 }
 
 // ---- linear: y[M,N] = x[M,K] @ w[N,K]^T * scale[N] + bias[N] ---------------------------
-// Every y[m,n] is: 8 fp32 lanes accumulated by FMA over the blocks in k order (for I4: per
-// block a partial sum, then acc += partial * group scales), then hsum8, the k tail in order,
+// Every y[m,n] is: VL fp32 lanes accumulated by FMA over the blocks in k order (for I4: per
+// block a partial sum, then acc += partial * group scales), then vsum, the k tail in order,
 // the row scale, the bias. The blocking below (register tiles, k chunks with the accumulators
 // parked in `st` between chunks, which is exact) only changes what is in cache when.
 //
-// Where the time goes on this class of machine (Zen 3, 2 cores, ~18 GB/s): bf16 products are
+// Where the time goes on this class of machine (Zen, 2 cores, 20-40 GB/s): bf16 products are
 // bound by memory up to M ~ 6 (2 bytes per 2*M flops), so for small M what matters is
 // streaming whole rows with prefetch; beyond, FMA throughput, hence the x-in-register tiles and
 // sharing each weight group across all x tiles while it is in L1.
 
 // One block of MT x rows times NT weight rows into acc (see micro).
 template <class W, int MT, int NT>
-static inline void block(__m256 (&acc)[MT][NT], const float *xb, const typename W::T *w, long ws,
+static inline void block(vf (&acc)[MT][NT], const float *xb, const typename W::T *w, long ws,
                          const uint16_t *gs, long gss) {
-    __m256 part[MT][NT];  // I4: this block's partial sum, seeded with the offset vector
+    vf part[MT][NT];  // I4: this block's partial sum, seeded with the offset vector
     if constexpr (W::GROUPED)
         for (int i = 0; i < MT; i++) {
-            const __m256 c = _mm256_loadu_ps(xb + (i * W::XV + 8) * 8);
+            const vf c = vload(xb + (i * W::XV + W::NV) * VL);
             for (int t = 0; t < NT; t++) part[i][t] = c;
         }
     for (int u = 0; u < W::NV; u++) {
-        __m256 wv[NT];
+        vf wv[NT];
         for (int t = 0; t < NT; t++) wv[t] = W::load(w + t * ws, u);
         for (int i = 0; i < MT; i++) {
-            __m256 a = _mm256_loadu_ps(xb + (i * W::XV + u) * 8);
+            vf a = vload(xb + (i * W::XV + u) * VL);
             // keep x in a register: GCC would rather fold this load into each of the NT
             // FMAs, and loads, not FMAs, then bound the loop
-            __asm__("" : "+x"(a));
+            __asm__("" : "+v"(a));
             for (int t = 0; t < NT; t++)
                 if constexpr (W::GROUPED)
-                    part[i][t] = _mm256_fmadd_ps(a, wv[t], part[i][t]);
+                    part[i][t] = vfma(a, wv[t], part[i][t]);
                 else
-                    acc[i][t] = _mm256_fmadd_ps(a, wv[t], acc[i][t]);
+                    acc[i][t] = vfma(a, wv[t], acc[i][t]);
         }
     }
     if constexpr (W::GROUPED)
         for (int t = 0; t < NT; t++) {
-            const __m256 s = I4::scales(gs + t * gss);
-            for (int i = 0; i < MT; i++) acc[i][t] = _mm256_fmadd_ps(part[i][t], s, acc[i][t]);
+            const vf s = I4::scales(gs + t * gss);
+            for (int i = 0; i < MT; i++) acc[i][t] = vfma(part[i][t], s, acc[i][t]);
         }
 }
 
 // micro: MT x rows times NT weight rows over nb blocks. xb: packed x of the tile's first row
 // at its first block (blocks xbs floats apart); w: the first weight row (rows ws apart); gs:
-// I4 group scales of that row (rows gss apart). acc in/out: st + t * sts + i * 8.
+// I4 group scales of that row (rows gss apart). acc in/out: st + t * sts + i * VL.
 // pf: where the next tile's weights start (rows ws apart); prefetched as far ahead of it as we
 // are into this tile.
 template <class W, int MT, int NT>
@@ -200,39 +265,48 @@ static inline void micro(const float *xb, long xbs, const typename W::T *w, long
                          const uint16_t *gs, long gss, float *st, long sts, long nb,
                          const typename W::T *pf) {
     constexpr long BLK = Fmt<W>::BLK;
-    __m256 acc[MT][NT];
+    vf acc[MT][NT];
     for (int t = 0; t < NT; t++)
-        for (int i = 0; i < MT; i++) acc[i][t] = _mm256_loadu_ps(st + t * sts + i * 8);
+        for (int i = 0; i < MT; i++) acc[i][t] = vload(st + t * sts + i * VL);
     for (long b = 0; b < nb; b++) {
         // weights are streamed once: prefetch the next tile's rows (short rows defeat the
         // hardware prefetcher; this is worth ~40% of bandwidth at K = 896)
-        if (((b * W::BYTES) & 63) == 0)
+        if (((b * W::BYTES) & 63) == 0)  // one line per 64 bytes (BYTES <= 64)
             for (int t = 0; t < NT; t++)
                 _mm_prefetch((const char *)(pf + t * ws + b * BLK), _MM_HINT_T0);
-        block<W, MT, NT>(acc, xb + b * xbs, w + b * BLK, ws, W::GROUPED ? gs + 2 * b : gs, gss);
+        block<W, MT, NT>(acc, xb + b * xbs, w + b * BLK, ws,
+                         W::GROUPED ? gs + I4::SCALES * b : gs, gss);
     }
     for (int t = 0; t < NT; t++)
-        for (int i = 0; i < MT; i++) _mm256_storeu_ps(st + t * sts + i * 8, acc[i][t]);
+        for (int i = 0; i < MT; i++) vstore(st + t * sts + i * VL, acc[i][t]);
 }
 
 // Register tiles: MT x rows by NT weight rows; accumulators (and I4's partials), one weight
-// vector per column, one x vector and a constant or two must fit in the 16 ymm registers
-// (4x3 and 6x2 spill). Measured on Zen 3 with the weights in L2: 2x4, 3x3, 4x2 and 5x2 run
-// at 60-75% of the FMA peak; more x rows are split into tiles of at most 5.
+// vector per column, one x vector and a constant or two must fit in the registers (16 with
+// AVX2: 4x3 and 6x2 spill; 32 with AVX-512). Measured on Zen 3 with the weights in L2, AVX2:
+// 2x4, 3x3, 4x2 and 5x2 run at 60-75% of the FMA peak; more x rows are split into tiles of
+// at most max_mt. AVX-512 on Zen 5 (28 layers of Qwen2.5-1.5B's bf16 matrices, weights from
+// memory, 2 cores): x4 columns beat x2 and x3 for 4-9 rows (9 rows: 99 vs 114-121 ms; AVX2:
+// 145 ms); 1 row is bound by memory alike in both builds (~71-75 ms).
 template <class W, int MT>
 static constexpr int tile_n() {
+    if (VL == 16) {
+        if (W::GROUPED) return MT == 1 ? 8 : 4;
+        return MT <= 2 ? 8 : 4;
+    }
     if (W::GROUPED) return MT == 1 ? 4 : MT == 2 ? 3 : 1;
     return MT <= 2 ? 4 : MT == 3 ? 3 : 2;
 }
 template <class W>
 static constexpr int max_mt() {
+    if (VL == 16) return W::GROUPED ? 3 : 6;
     return W::GROUPED ? 3 : 5;
 }
 
 struct LinearArgs {
     const float *x, *xp, *scale, *bias;
     const void *w;
-    const uint16_t *gs;  // I4 group scales [N, 2 * blocks]
+    const uint16_t *gs;  // I4 group scales [N, scale_row(K)]
     float *y;
     long M, N, K;
 };
@@ -245,7 +319,7 @@ static void finish(const LinearArgs &a, const float *st, long mt, long m0, long 
     for (long n = n0; n < n1; n++)
         for (long i = 0; i < mt; i++) {
             const float *xr = a.x + (m0 + i) * a.K;
-            float s = hsum8(_mm256_loadu_ps(st + ((n - n0) * mt + i) * 8));  // [n][i][8]
+            float s = vsum(vload(st + ((n - n0) * mt + i) * VL));  // [n][i][VL]
             for (long k = kt; k < a.K; k++) s = fmaf(xr[k], W::one(w + n * ws, k), s);
             if (a.scale) s *= a.scale[n];
             if (a.bias) s += a.bias[n];
@@ -259,17 +333,17 @@ template <class W, int MT, int NT>
 static void group(const LinearArgs &a, float *st, long mrows, long ntile, long m0, long n,
                   long b0, long b1, const typename W::T *pf) {
     constexpr long BLK = Fmt<W>::BLK;
-    const long ws = Fmt<W>::row(a.K), gss = 2 * Fmt<W>::blocks(a.K), xbs = a.M * W::XV * 8;
+    const long ws = Fmt<W>::row(a.K), gss = Fmt<W>::scale_row(a.K), xbs = a.M * W::XV * VL;
     const typename W::T *w = (const typename W::T *)a.w + n * ws + b0 * BLK;
-    const uint16_t *gs = a.gs ? a.gs + n * gss + 2 * b0 : 0;
+    const uint16_t *gs = a.gs ? a.gs + n * gss + I4::SCALES * b0 : 0;
     for (long i = 0, m = 0; i < ntile; i++) {
         const long mt = (mrows - m + ntile - i - 1) / (ntile - i);  // near-equal tiles
-        const float *xb = a.xp + b0 * xbs + (m0 + m) * W::XV * 8;
+        const float *xb = a.xp + b0 * xbs + (m0 + m) * W::XV * VL;
         if (mt == MT || MT == 1)
-            micro<W, MT, NT>(xb, xbs, w, ws, gs, gss, st + m * 8, mrows * 8, b1 - b0, pf);
+            micro<W, MT, NT>(xb, xbs, w, ws, gs, gss, st + m * VL, mrows * VL, b1 - b0, pf);
         else
-            micro<W, (MT > 1 ? MT - 1 : 1), NT>(xb, xbs, w, ws, gs, gss, st + m * 8, mrows * 8,
-                                                b1 - b0, pf);
+            micro<W, (MT > 1 ? MT - 1 : 1), NT>(xb, xbs, w, ws, gs, gss, st + m * VL,
+                                                mrows * VL, b1 - b0, pf);
         m += mt;
     }
 }
@@ -285,7 +359,7 @@ static void groups(const LinearArgs &a, float *st, long mrows, long ntile, long 
         // prefetch the next group during this one (prefetching further ahead measured no
         // better, also for short int4 rows)
         const typename W::T *pf = n + nt < n1 ? w + (n + nt) * ws + b0 * Fmt<W>::BLK : pf_after;
-        float *s = st + (n - n0) * mrows * 8;
+        float *s = st + (n - n0) * mrows * VL;
         if (nt == NT)
             group<W, MT, NT>(a, s, mrows, ntile, m0, n, b0, b1, pf);
         else
@@ -303,7 +377,7 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
     constexpr long XBYTES = 16 << 10;  // x chunk kept in L1 (of 32 KB) between tiles
     constexpr long BLK = Fmt<W>::BLK;
     const long nblk = Fmt<W>::blocks(K), ws = Fmt<W>::row(K);
-    float *xp = (float *)aligned_alloc(64, ((nblk * M * W::XV * 32) | 63) + 1);
+    float *xp = (float *)aligned_alloc(64, ((nblk * M * W::XV * VL * 4) | 63) + 1);
     const LinearArgs a{x, xp, scale, bias, w, gs, y, M, N, K};
     const long nitems = (N + NB - 1) / NB;
     // a small x is packed here: packing it in the parallel region would make every thread
@@ -313,7 +387,7 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
 #pragma omp parallel num_threads(nt)
     {
         if (big) pack_x<W>(x, xp, M, K);  // ends with a barrier
-        float st[SUPER * NB * 8] __attribute__((aligned(64)));  // [weight row][x row][8]
+        float st[SUPER * NB * VL] __attribute__((aligned(64)));  // [weight row][x row][VL]
 #pragma omp for schedule(dynamic, 4) nowait
         for (long it = 0; it < nitems; it++) {
             const long n0 = it * NB, n1 = n0 + NB < N ? n0 + NB : N;
@@ -324,9 +398,9 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
                 // k chunks only when several tiles share the weights: then x of all mrows
                 // rows stays in L1 while the weight chunk is reused from there. A single
                 // tile streams whole rows, which the memory system prefers (measured).
-                long cb = ntile == 1 ? nblk : XBYTES / (mrows * W::XV * 32);
+                long cb = ntile == 1 ? nblk : XBYTES / (mrows * W::XV * VL * 4);
                 cb = cb < 1 ? 1 : cb;
-                memset(st, 0, sizeof(float) * mrows * NB * 8);
+                memset(st, 0, sizeof(float) * mrows * NB * VL);
                 for (long b0 = 0; b0 < nblk; b0 += cb) {
                     const long b1 = b0 + cb < nblk ? b0 + cb : nblk;
                     // read after this chunk: the next chunk, or the next work item (likely
@@ -336,6 +410,7 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
                                                         : w + n0 * ws + b0 * BLK;
                     switch (mt) {
 #define GROUPS(MT) groups<W, MT>(a, st, mrows, ntile, m0, n0, n1, b0, b1, pf)
+                        case 6: GROUPS(6); break;
                         case 5: GROUPS(5); break;
                         case 4: GROUPS(4); break;
                         case 3: GROUPS(3); break;
@@ -467,7 +542,8 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 }
 
 extern "C" {
-int specdec_abi_version() { return 2; }
+int specdec_abi_version() { return 3; }
+int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
     linear<F32>(x, w, 0, 0, bias, y, M, N, K, nt);
@@ -480,7 +556,7 @@ void linear_i8(const float *x, const int8_t *w, const float *scale, const float 
                long M, long N, long K, int nt) {
     linear<I8>(x, w, scale, 0, bias, y, M, N, K, nt);
 }
-// w: [N, ceil(K/64)*32] bytes in I4's layout; scale: fp16 [N, ceil(K/64)*2]
+// w: [N, ceil(K/128)*64] bytes in I4's layout; scale: fp16 [N, ceil(K/128)*4]
 void linear_i4(const float *x, const uint8_t *w, const uint16_t *scale, const float *bias,
                float *y, long M, long N, long K, int nt) {
     linear<I4>(x, w, 0, scale, bias, y, M, N, K, nt);
