@@ -35,6 +35,9 @@ def ar_v16(tiny_dirs):
 def ssd(tiny_dirs, **kw):
     kw.setdefault("draft_model", tiny_dirs["v16"])
     kw.setdefault("draft_vocab", 12)  # a self-draft that cannot say 4 of the 16 tokens: misses
+    # a fixed K, so that the cache is really used (the adaptive K is timing dependent, and
+    # tiny models make drafting look too dear to pay); scripted K changes are tested below
+    kw.setdefault("num_speculative_tokens", 4)
     return LLM(tiny_dirs["v16"], method="ssd", dtype="float32", **kw)
 
 
@@ -49,6 +52,34 @@ def test_greedy_ssd_token_identical_to_ar_with_hits_and_misses(tiny_dirs, ar_v16
         hits = sum(o.metrics["ssd_hit_rate"] * o.metrics["ssd_lookups"] for o in outs)
         lookups = sum(o.metrics["ssd_lookups"] for o in outs)
         assert 0 < hits < lookups, "both cache hits and misses must happen"
+
+
+@pytest.mark.parametrize("backup", ["neural", "fast"])
+def test_changing_k_between_rounds_stays_exact_and_in_sync(tiny_dirs, ar_v16, backup):
+    """The adaptive K in SSD: rounds without drafts (K = 0) leave the worker behind and the
+    ready speculation stale, shorter K truncate speculations and shorten the worker's
+    drafting depth. Scripted choices cover every change; output equals AR, the worker never
+    desynchronizes (no failure, no fallback), and the cache still hits."""
+    script = [4, 0, 1, 0, 0, 2, 4, 3, 1, 4, 0, 4]
+    with ssd(tiny_dirs, num_speculative_tokens=None, backup=backup) as llm:
+        ctl = llm.decoder.controller
+        assert ctl.fixed_k is None and ctl.k_max == 4
+        turn = iter(range(1 << 30))
+
+        def choose_k(seqs):
+            k = script[next(turn) % len(script)]
+            ctl.last_choice = {"k": k}
+            return k
+
+        ctl.choose_k = choose_k
+        want = [o.token_ids for o in ar_v16.generate(PROMPTS, GREEDY)]
+        single = [llm.generate([p], GREEDY)[0] for p in PROMPTS]
+        batched = llm.generate(PROMPTS, GREEDY)
+    for outs in (single, batched):
+        assert [o.token_ids for o in outs] == want
+        assert all(o.metrics["ssd_worker_failures"] == 0 for o in outs)
+        hits = sum(o.metrics["ssd_hit_rate"] * o.metrics["ssd_lookups"] for o in outs)
+        assert hits > 0
 
 
 def test_pipelining_only_variant_is_exact(tiny_dirs, ar_v16):

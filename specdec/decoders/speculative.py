@@ -118,7 +118,11 @@ class SpeculativeDecoder(Decoder):
             for tok in row_drafts[:n] + [t_next]:
                 if s.append(tok):
                     break
-        self.drafter.accept(seqs, prev_lengths, n_acc, nxt)
+        # a parallel drafter may make the target wait here for next round's drafts (SSD's
+        # just-in-time backup on a miss): drafting time, as the controller must see it
+        wait_s = self.drafter.accept(seqs, prev_lengths, n_acc, nxt) or 0.0
+        timer.phase("draft", wait_s)
+        draft_s += wait_s
         total = timer.done()
         self.controller.observe_round(
             bsz, int(k.max()) if bsz else 0, draft_s, verify_s, total - draft_s - verify_s

@@ -51,9 +51,11 @@ class Drafter:
         prev_lengths: list[int],
         num_accepted: list[int],
         next_tokens: list[int],
-    ) -> None:
+    ) -> float | None:
         """After verification: sequence b had prev_lengths[b] tokens before the round, then
-        took num_accepted[b] of the drafts and the target's next_tokens[b]."""
+        took num_accepted[b] of the drafts and the target's next_tokens[b]. Returns the
+        seconds spent waiting for next round's drafts here (SSD's outcome lookup and
+        just-in-time backup), which count as draft time, or None."""
 
     def close(self) -> None:
         """Release processes or other resources."""

@@ -37,6 +37,7 @@ class _State:
     worker_len: int = 0  # tokens of the sequence in the worker's cache (0: not there)
     generation: int = -1  # worker generation that holds it
     ready: Speculation | None = None  # speculation for this round, from last round's outcome
+    ready_for: int = -1  # the sequence length (pending token included) it continues
     in_round: bool = False
     stats: dict = field(default_factory=dict)
 
@@ -114,6 +115,15 @@ class SSDDrafter(Drafter):
         return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
                 "max_tokens": 1 << 30}  # fmt: skip
 
+    def depth(self) -> int:
+        """How many tokens the worker drafts per speculation: the controller's latest K (its
+        choice changes slowly), so that neither the tree nor a just-in-time backup drafts
+        tokens the next round will not verify. The full K until it has chosen."""
+        if self.controller.fixed_k is not None:
+            return self.k
+        chosen = self.controller.last_choice.get("k")
+        return self.k if chosen is None else min(self.k, max(1, chosen))
+
     def _plan(self, seq: Sequence, k_eff: int) -> list[int]:
         return plan_fanout(self.budget, k_eff, self.controller.alpha(seq), self.fanout,
                            self.fanout_r)  # fmt: skip
@@ -145,7 +155,12 @@ class SSDDrafter(Drafter):
     # -- the round ---------------------------------------------------------------------------
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         self._sync(seqs)
-        specs: list[Speculation | None] = [self.states[s.request_id].ready for s in seqs]
+        # a speculation continues the sequence as it was at the last outcome; rounds without
+        # drafts (K = 0) since then have moved past it
+        specs: list[Speculation | None] = [
+            st.ready if st.ready_for == s.num_tokens else None
+            for s, st in ((s, self.states[s.request_id]) for s in seqs)
+        ]
         need = [i for i, sp in enumerate(specs) if sp is None and ks[i] > 0]
         if need:
             t = time.perf_counter()
@@ -182,7 +197,7 @@ class SSDDrafter(Drafter):
                           "catch_up": s.all_ids[st.worker_len :]})  # fmt: skip
         t = time.perf_counter()
         try:
-            reply = self.handle.request({"op": "draft", "k": self.k, "seqs": items})
+            reply = self.handle.request({"op": "draft", "k": self.depth(), "seqs": items})
         except ChannelError:
             self._lost("draft")
             return [None] * len(seqs)
@@ -247,14 +262,14 @@ class SSDDrafter(Drafter):
         if not items:
             return
         try:
-            self.handle.notify({"op": "round", "k": self.k, "seqs": items})
+            self.handle.notify({"op": "round", "k": self.depth(), "seqs": items})
         except ChannelError:
             self._lost("round")
             return
         for st in members:
             st.in_round = True
 
-    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> None:
+    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> float:
         live = [(s, prev, n, t) for s, prev, n, t in zip(seqs, prev_lengths, num_accepted,
                 next_tokens) if self.states[s.request_id].in_round]  # fmt: skip
         for s, *_ in live:
@@ -262,22 +277,22 @@ class SSDDrafter(Drafter):
         # sequences that finished this round need no speculation
         ask = [(s, prev, n, t) for s, prev, n, t in live if not s.finished]
         if not ask or not self.handle.up:
-            return
+            return 0.0
         neural = self._use_neural(len(seqs))
-        msg = {"op": "outcome", "backup": neural, "seqs": [
+        msg = {"op": "outcome", "backup": neural, "k": self.depth(), "seqs": [
             {"sid": s.request_id, "k": n, "token": t} for s, _, n, t in ask]}  # fmt: skip
         t0 = time.perf_counter()
         try:
             reply = self.handle.request(msg)
         except ChannelError:
             self._lost("outcome")
-            return
+            return time.perf_counter() - t0
         wait = time.perf_counter() - t0
         for i, (s, prev, n, _) in enumerate(ask):
             st = self.states[s.request_id]
             hit = reply["hits"][i]
             st.worker_len = prev + n  # b_prev and the accepted drafts; the token is pending
-            st.ready = reply["specs"][i]
+            st.ready, st.ready_for = reply["specs"][i], s.num_tokens
             stats = st.stats
             stats["idle_s"] += wait
             stats["lookups"] += 1
@@ -287,6 +302,7 @@ class SSDDrafter(Drafter):
             if not hit and st.ready is not None:
                 stats["backup_rounds"] += 1
         self._note_busy(reply, [s for s, *_ in ask])
+        return wait
 
     def _note_busy(self, reply: dict, seqs: list[Sequence]) -> None:
         busy = reply.get("busy_s", 0.0)

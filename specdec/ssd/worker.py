@@ -6,9 +6,12 @@ messages one at a time (the target never waits for a reply it does not need):
   prefill  {sid, tokens, params, seed}          cache the sequence (all but its pending token)
   round    {k, seqs:[{sid, start, catch_up,     while the target verifies: trunk pass over
             trunk, fanout}]}                      [b_prev, d_1..d_K], pick candidates, draft
-                                                  every branch K tokens (tree), cache them
-  outcome  {backup, seqs:[{sid, k, token}]}  ->  for each: the cached speculation (hit), or,
+                                                  every branch k tokens (tree), cache them
+  outcome  {backup, k, seqs:[{sid, k, token}]} -> for each: the cached speculation (hit), or,
                                                   with backup, one drafted just in time (miss)
+
+A message's top-level k is the drafting depth (the target's current K, at most the configured
+K); a sequence's k is the number of drafts it accepted.
   draft    {k, seqs:[{sid, start, catch_up}]} ->  speculations drafted just in time
   release  {sids}                                forget sequences
   stop                                           exit
@@ -184,9 +187,9 @@ class DraftWorker:
         layouts, roots = [], []
         for i, (st, item) in enumerate(zip(states, items)):
             trunk = item["trunk"]
-            st.trunk_start = st.length
-            st.trunk = trunk
-            st.length += len(trunk)
+            st.trunk_start = st.length + len(item["catch_up"])  # tokens the target emitted
+            st.trunk = trunk  # in rounds without drafts come first
+            st.length = st.trunk_start + len(trunk)
             # 2. candidates for the token after k accepted drafts: the draft's top tokens at
             #    that position, without d_{k+1} (a rejected token is never the replacement)
             branch_k, branch_tok = [], []
@@ -201,10 +204,14 @@ class DraftWorker:
             layouts.append(TreeLayout(st.trunk_start, len(trunk) - 1, branch_k))
             roots.append(branch_tok)
         # 3. draft K tokens for all branches at once, one forward per step
-        self._draft_tree(states, layouts, roots)
+        self._draft_tree(states, layouts, roots, self._depth(msg))
 
-    def _draft_tree(self, states: list[_Seq], layouts: list[TreeLayout], roots: list[list[int]]):
-        k_len = self.cfg.k
+    def _depth(self, msg: dict) -> int:
+        """Tokens per speculation this time: the target's current K, at most the configured."""
+        return max(1, min(self.cfg.k, int(msg.get("k", self.cfg.k))))
+
+    def _draft_tree(self, states: list[_Seq], layouts: list[TreeLayout], roots: list[list[int]],
+                    k_len: int):  # fmt: skip
         live = [i for i, lay in enumerate(layouts) if lay.width]
         if not live:
             return
@@ -252,7 +259,8 @@ class DraftWorker:
             st.specs.clear()
         hits = [r is not None for r in results]
         if missed and msg.get("backup"):
-            specs = self._draft_now([sid for _, sid, _ in missed], [[t] for _, _, t in missed])
+            specs = self._draft_now([sid for _, sid, _ in missed], [[t] for _, _, t in missed],
+                                    self._depth(msg))  # fmt: skip
             for (idx, _, _), spec in zip(missed, specs):
                 results[idx] = spec
         return {"specs": results, "hits": hits}
@@ -262,10 +270,12 @@ class DraftWorker:
         items = msg["seqs"]
         for item in items:
             self._rewind(self._seq(item["sid"]), item["start"])
-        specs = self._draft_now([i["sid"] for i in items], [i["catch_up"] for i in items])
+        specs = self._draft_now([i["sid"] for i in items], [i["catch_up"] for i in items],
+                                self._depth(msg))  # fmt: skip
         return {"specs": specs, "hits": [False] * len(items)}
 
-    def _draft_now(self, sids: list[str], catch_ups: list[list[int]]) -> list[Speculation]:
+    def _draft_now(self, sids: list[str], catch_ups: list[list[int]], k_len: int
+                   ) -> list[Speculation]:  # fmt: skip
         """Feed each sequence's catch-up (ending with its pending token), draft K tokens,
         and roll back so the row again holds all but the pending token."""
         states = [self._seq(s) for s in sids]
@@ -275,7 +285,7 @@ class DraftWorker:
         logits = self.model.forward(tokens, self.cache, rows, num_new=lengths,
                                     logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
         out = [([], [], []) for _ in states]
-        for step in range(self.cfg.k):
+        for step in range(k_len):
             nxt = []
             for (toks, q_ids, q_probs), (tok, ids, probs) in zip(
                 out, self._next(logits, states, step)
@@ -284,7 +294,7 @@ class DraftWorker:
                 q_ids.append(ids)
                 q_probs.append(probs)
                 nxt.append(tok)
-            if step + 1 < self.cfg.k:
+            if step + 1 < k_len:
                 logits = self.model.forward(torch.tensor(nxt)[:, None], self.cache, rows)[:, 0]
         for st, start, n in zip(states, starts, lengths.tolist()):
             self.cache.rollback(st.row, start + n - 1)
