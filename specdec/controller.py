@@ -6,8 +6,10 @@ K * t_draft + t_verify(tokens in the pass) + t_other. We measure t_draft per dra
 t_verify as a function of the number of tokens in the target pass (interpolated between the
 sizes seen so far), and alpha per sequence (a running estimate with a prior), then take the K
 in 0..k_max with the best total E / cost for the batch. K = 0 is a plain AR round: where
-speculation does not pay (a weak drafter on prose) the controller stops drafting, and probes
-with K = 1 now and then to notice when it starts paying again.
+speculation does not pay (a weak drafter on prose) the controller stops drafting. Every
+``probe_every`` rounds it tries a neighbour of its choice instead (K = 1 from 0; otherwise one
+up, then one down): the pass sizes it never picks would otherwise keep whatever cost they
+showed once, and acceptance may have changed.
 """
 
 from __future__ import annotations
@@ -41,11 +43,17 @@ def _nondecreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 @dataclass
 class _Ema:
+    """A running estimate: the plain mean of the first samples (so that one slow first pass,
+    cold caches and all, does not linger), then an exponential average that follows drift."""
+
     value: float | None = None
     weight: float = 0.3
+    count: int = 0
 
     def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - self.weight) * self.value + self.weight * x
+        self.count += 1
+        w = max(self.weight, 1.0 / self.count)
+        self.value = x if self.value is None else (1 - w) * self.value + w * x
 
 
 class SpeculationController:
@@ -57,19 +65,22 @@ class SpeculationController:
         prior_weight: float = 4.0,
         explore: tuple[int, ...] = (4, 0, 1, 8),
         probe_every: int = 16,
+        k_min: int = 0,
     ):
         if fixed_k is not None and fixed_k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {fixed_k}")
         self.k_max = fixed_k if fixed_k is not None else k_max
+        self.k_min = min(k_min, self.k_max)  # SSD: a round without drafts strands the worker
         self.fixed_k = fixed_k
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
-        self.explore = [min(k, self.k_max) for k in explore]
+        self.explore = [min(max(k, self.k_min), self.k_max) for k in explore]
         self.probe_every = probe_every
         self.t_draft = _Ema()  # seconds per drafted position (batch of the round)
         self.t_other = _Ema()
         self.t_verify: dict[int, _Ema] = {}  # target pass time by tokens in the pass
         self.rounds = 0
-        self._since_draft = 0
+        self._since_probe = 0
+        self._probe_up = True
         self.last_choice: dict = {}
 
     # -- acceptance --------------------------------------------------------------------------
@@ -109,12 +120,13 @@ class SpeculationController:
         # cost of a plain 1-token pass extrapolated from larger passes is too high, and that
         # error favours drafting exactly where it does not pay
         if self.rounds < len(self.explore):
+            self.last_choice = {"k": self.explore[self.rounds]}
             return self.explore[self.rounds]
         alphas = [self.alpha(s) for s in seqs]
         t_d = self.t_draft.value or 0.0
         t_o = self.t_other.value or 0.0
         best_k, best_rate, rates = 0, -1.0, {}
-        for k in range(self.k_max + 1):
+        for k in range(self.k_min, self.k_max + 1):
             cost = self.verify_time(len(seqs) * (k + 1))
             if cost is None:
                 continue
@@ -123,9 +135,17 @@ class SpeculationController:
             rates[k] = rate
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        self._since_draft = 0 if best_k > 0 else self._since_draft + 1
-        if best_k == 0 and self._since_draft >= self.probe_every:
-            self._since_draft = 0
-            best_k = 1  # probe: acceptance may have changed
         self.last_choice = {"k": best_k, "alpha": sum(alphas) / len(alphas), "rates": rates}
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            return self._probe(best_k)
         return best_k
+
+    def _probe(self, best_k: int) -> int:
+        """A neighbour of the best K, to refresh its cost and acceptance."""
+        up = best_k + 1 <= self.k_max and (self._probe_up or best_k - 1 < self.k_min)
+        if not up and best_k - 1 < self.k_min:
+            return best_k  # nothing else to try
+        self._probe_up = not self._probe_up
+        return best_k + 1 if up else best_k - 1

@@ -74,3 +74,25 @@ def test_verify_times_are_fitted_nondecreasing():
     for tokens, t in [(1, 0.10), (3, 0.12), (4, 0.10)]:
         ctl.observe_round(1, tokens - 1, 0.0, t, 0.0)
     assert ctl.verify_time(3) == ctl.verify_time(4) == pytest.approx(0.11)
+
+
+def test_controller_probes_the_neighbours_of_its_choice():
+    """Sizes the controller never picks would keep whatever cost they showed once (a slow
+    first pass makes a good K look bad for good): every probe_every rounds it tries one up,
+    then one down, and an improved cost there changes its choice."""
+    ctl = _trained(t_draft=0.01, t_verify_1=0.1, t_verify_per_token=0.01)
+    seq = simulated_seq(0.7, 4, 400)
+    choices = [ctl.choose_k([seq]) for _ in range(48)]
+    best = max(set(choices), key=choices.count)
+    assert 0 < best < 8 and choices.count(best) >= 42
+    assert {best - 1, best + 1} <= set(choices) <= {best - 1, best, best + 1}
+    # one slow first pass at size best + 2 (K = best + 1) had hidden it; probes correct that
+    ctl = SpeculationController(k_max=8, probe_every=4)
+    for k in (0, 1, 2, 3, 4, 8):
+        slow = 0.5 if k == 4 else 0.0
+        ctl.observe_round(1, k, 0.01 * k, 0.1 + 0.001 * k + slow, 0.001)
+    seq = simulated_seq(0.9, 4, 400)
+    for _ in range(40):
+        k = ctl.choose_k([seq])
+        ctl.observe_round(1, k, 0.01 * k, 0.1 + 0.001 * k, 0.001)
+    assert ctl.choose_k([seq]) >= 5

@@ -116,6 +116,7 @@ METHODS: tuple[MethodSpec, ...] = (
         fanout="pipeline",
         speculation_budget=1,
     ),  # fmt: skip
+    _ssd("ssd-k4", "fixed K=4 (no adaptive K)", num_speculative_tokens=4),
     _ssd("ssd-fast", "fast backup (prompt lookup) on a miss", backup="fast"),
     _ssd("ssd-neural", "neural backup on a miss", backup="neural"),
     _ssd("ssd-b1", "speculation budget B=1", speculation_budget=1),

@@ -51,7 +51,7 @@ def build_ssd_decoder(llm, draft: dict, num_spec: int | None, opts: dict) -> Spe
     handle = WorkerHandle(config, reply_timeout_s=opts["timeout_s"])
     # K adapts as in SD (up to k), unless fixed: the cost the controller sees for drafting is
     # the target's wait for the worker (misses), so it lengthens K where hits make drafts free
-    controller = SpeculationController(k_max=k, fixed_k=num_spec)
+    controller = SpeculationController(k_max=k, fixed_k=num_spec, k_min=1, explore=(k, 1, 2))
     fallback = NgramDrafter(llm.target.config.vocab_size)
     drafter = SSDDrafter(handle, k, budget, opts["fanout"], opts["backup"],
                          llm.target.config.vocab_size, fallback, controller)  # fmt: skip
