@@ -11,7 +11,9 @@ from specdec.ssd.fanout import FANOUTS
 from specdec.ssd.worker import WorkerConfig
 
 DEFAULT_K = 4
-DEFAULT_BUDGET = 2  # measured best on a 2-core CPU (B=1..8, README); more branches slow the drafter
+# measured best of B = 1, 2, 4 on a 2-core CPU with the AVX-512 kernels (README); with AVX2 only,
+# where a pass over several branches cost ~3x a one-token pass, B = 2 was
+DEFAULT_BUDGET = 4
 DEFAULT_C = 1.0
 
 

@@ -9,12 +9,12 @@ messages one at a time (the target never waits for a reply it does not need):
                                                   every branch k tokens (tree), cache them
   outcome  {backup, k, seqs:[{sid, k, token}]} -> for each: the cached speculation (hit), or,
                                                   with backup, one drafted just in time (miss)
-
-A message's top-level k is the drafting depth (the target's current K, at most the configured
-K); a sequence's k is the number of drafts it accepted.
   draft    {k, seqs:[{sid, start, catch_up}]} ->  speculations drafted just in time
   release  {sids}                                forget sequences
   stop                                           exit
+
+A message's top-level k is the drafting depth (the target's current K, at most the configured
+K); a sequence's k in an outcome is the number of drafts it accepted.
 
 Invariant, as in the target: a sequence's cache row holds every token but the pending one.
 """
@@ -187,8 +187,9 @@ class DraftWorker:
         layouts, roots = [], []
         for i, (st, item) in enumerate(zip(states, items)):
             trunk = item["trunk"]
-            st.trunk_start = st.length + len(item["catch_up"])  # tokens the target emitted
-            st.trunk = trunk  # in rounds without drafts come first
+            # the catch-up (tokens emitted in rounds without drafts) precedes the trunk
+            st.trunk_start = st.length + len(item["catch_up"])
+            st.trunk = trunk
             st.length = st.trunk_start + len(trunk)
             # 2. candidates for the token after k accepted drafts: the draft's top tokens at
             #    that position, without d_{k+1} (a rejected token is never the replacement)
