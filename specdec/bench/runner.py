@@ -121,6 +121,7 @@ METHODS: tuple[MethodSpec, ...] = (
     _ssd("ssd-neural", "neural backup on a miss", backup="neural"),
     _ssd("ssd-b1", "speculation budget B=1", speculation_budget=1),
     _ssd("ssd-b2", "speculation budget B=2", speculation_budget=2),
+    _ssd("ssd-b8", "speculation budget B=8", speculation_budget=8),
     _ssd("ssd-c0.5", "Saguaro C=0.5", saguaro_c=0.5),
     _ssd("ssd-c0.8", "Saguaro C=0.8", saguaro_c=0.8),
 )
