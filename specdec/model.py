@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specdec import ops
+from specdec import kernels, ops
 from specdec.config import ModelConfig
 from specdec.kv_cache import KVCache
 from specdec.weights import load_weights
@@ -29,11 +29,7 @@ DTYPES = {
 
 
 def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & kernels.cpu_flags())
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

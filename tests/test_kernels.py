@@ -102,3 +102,16 @@ def test_int4_layout_and_torch_fallback(monkeypatch):
     torch.testing.assert_close(y_torch.double(), reference(x, lw), atol=1e-4, rtol=1e-4)
     if y is not None:
         torch.testing.assert_close(y_torch, y, atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_kernel_choice_is_an_error(monkeypatch):
+    """A mistyped SPECDEC_KERNELS must not quietly fall back to the slow torch path."""
+    monkeypatch.setenv("SPECDEC_KERNELS", "avx3")
+    kernels._load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="SPECDEC_KERNELS='avx3'"):
+            kernels.status()
+    finally:
+        monkeypatch.delenv("SPECDEC_KERNELS")
+        kernels._load.cache_clear()
+    assert kernels.status() == kernels._load()[1]

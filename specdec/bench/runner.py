@@ -556,19 +556,19 @@ def add_speedups(methods: dict) -> None:
 
 
 def _cpu_model_and_flags() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or platform.machine(), set()
+    from specdec import kernels
+
+    model = platform.processor() or platform.machine()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return model, flags
+        text = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "model name":
             model = value.strip()
-        elif key.strip() == "flags":
-            flags = set(value.split())
             break  # the first processor's entry is enough
-    return model, flags
+    return model, set(kernels.cpu_flags())
 
 
 def machine_info(args) -> dict:

@@ -55,9 +55,8 @@ _SIGNATURES = {
 
 
 @cache
-def _cpu_flags() -> frozenset[str]:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return frozenset()
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -70,7 +69,9 @@ def _cpu_flags() -> frozenset[str]:
 
 def supported_builds() -> list[str]:
     """The builds this CPU can run, widest first."""
-    flags = _cpu_flags()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    flags = cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
         return []
     return [name for name, (_, needs) in BUILDS.items() if set(needs) <= flags]
@@ -125,8 +126,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     choice = os.environ.get("SPECDEC_KERNELS", "").lower()
     if choice == "torch":
         return None, "disabled by SPECDEC_KERNELS=torch"
-    if choice and choice not in BUILDS:
-        return None, f"SPECDEC_KERNELS={choice!r} is not one of torch, {', '.join(BUILDS)}"
+    if choice and choice not in BUILDS:  # a typo must not quietly run the slow torch path
+        raise ValueError(f"SPECDEC_KERNELS={choice!r} is not one of torch, {', '.join(BUILDS)}")
     builds = supported_builds()
     if not builds:
         return None, "CPU lacks AVX2/FMA/F16C (or is not x86-64)"
