@@ -60,6 +60,18 @@ class KVCache:
             raise ValueError(f"cannot roll row {row} back to {length} (has {self.length(row)})")
         self.lengths[row] = length
 
+    def move_slots(self, row: int, slots: list[int], dst: int) -> None:
+        """Copy the keys/values at ``slots`` (in order) to slots dst, dst+1, .. and end the row
+        there: a drafted branch of a speculation tree becomes the row's continuation. The
+        source is read before anything is written, so the two may overlap."""
+        n = len(slots)
+        if dst > self.lengths[row] or dst + n > self.max_len:
+            raise ValueError(f"cannot move {n} slots to {dst} in row {row}")
+        src = torch.as_tensor(slots, dtype=torch.int64, device=self.k[0].device)
+        for cache in (*self.k, *self.v):
+            cache[row, :, dst : dst + n] = cache[row, :, src]
+        self.lengths[row] = dst + n
+
     def check_room(self, rows: torch.Tensor, new_tokens: int) -> None:
         need = int(self.lengths[rows].max()) + new_tokens
         if need > self.max_len:

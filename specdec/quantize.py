@@ -3,7 +3,8 @@
 The verifier only needs the distribution q the drafter really sampled from, so the drafter may
 be any approximation of the draft model: its matrices int8 (per-row scales, half the bytes of
 bf16, a quarter of fp32) or int4 (per-group scales, 0.56 bytes a weight), and its output head
-limited to part of the vocabulary (q is then zero elsewhere). The target is never changed.
+limited to part of the vocabulary (q is then zero elsewhere), and with int4, its activations
+rounded to int8 where the CPU has int8 dot products (VNNI). The target is never changed.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def quantize_model_int8(model: Transformer) -> None:
     model.w["lm_head"] = quantize_int8(model.w["lm_head"])
 
 
-def quantize_int4(lw: LinearWeight) -> LinearWeight:
+def quantize_int4(lw: LinearWeight, int8_x: bool = False) -> LinearWeight:
     """Symmetric int4 per group of 32 inputs, fp16 scales: w ~= scale[n, g] * q, q in [-8, 7].
     As in llama.cpp's Q4_0, a group's largest-magnitude weight maps to -8 (the scale takes its
-    sign), which uses all 16 levels. Rows are zero-padded to a multiple of 128 inputs."""
+    sign), which uses all 16 levels. Rows are zero-padded to a multiple of 128 inputs.
+    ``int8_x``: the product may round x to int8 (see ``LinearWeight``)."""
     w = lw.weight.float()
     n, k = w.shape
     kp = -(-k // INT4_ROW) * INT4_ROW
@@ -46,15 +48,17 @@ def quantize_int4(lw: LinearWeight) -> LinearWeight:
     nib = (q + 8).to(torch.uint8).reshape(n, kp // INT4_BLOCK, INT4_BLOCK)
     k_lo, k_hi = int4_nibble_k()
     packed = (nib[..., k_lo] | (nib[..., k_hi] << 4)).reshape(n, kp // 2)
-    return LinearWeight(packed.contiguous(), lw.bias, scale.reshape(n, -1).contiguous())
+    return LinearWeight(packed.contiguous(), lw.bias, scale.reshape(n, -1).contiguous(), int8_x)
 
 
-def quantize_model_int4(model: Transformer) -> None:
-    """Every matrix of every layer, and the output head, to int4 (embeddings stay as is)."""
+def quantize_model_int4(model: Transformer, int8_x: bool = True) -> None:
+    """Every matrix of every layer, and the output head, to int4 (embeddings stay as is), with
+    int8 activations where the kernels have them (twice as fast for drafting several tokens at
+    once: 9 tokens through a 0.5B's matrices on one core took 58 ms, now 28)."""
     for layer in model.w["layers"]:
         for name in ("qkv", "o", "gate_up", "down"):
-            layer[name] = quantize_int4(layer[name])
-    model.w["lm_head"] = quantize_int4(model.w["lm_head"])
+            layer[name] = quantize_int4(layer[name], int8_x)
+    model.w["lm_head"] = quantize_int4(model.w["lm_head"], int8_x)
 
 
 def restrict_head(model: Transformer, keep: torch.Tensor) -> None:
@@ -65,6 +69,7 @@ def restrict_head(model: Transformer, keep: torch.Tensor) -> None:
         lw.weight[keep].contiguous(),
         None if lw.bias is None else lw.bias[keep].contiguous(),
         None if lw.scale is None else lw.scale[keep].contiguous(),
+        lw.int8_x,
     )
     model.head_ids = keep
 

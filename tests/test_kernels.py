@@ -9,7 +9,7 @@ import torch
 from specdec import kernels, ops
 from specdec.quantize import quantize_int4, quantize_int8
 
-DTYPES = ["f32", "bf16", "int8", "int4"]
+DTYPES = ["f32", "bf16", "int8", "int4", "int4q"]  # int4q: int4 weights, int8 x where VNNI
 
 
 def make_weight(dtype: str, n: int, k: int, bias: bool = True) -> ops.LinearWeight:
@@ -21,7 +21,7 @@ def make_weight(dtype: str, n: int, k: int, bias: bool = True) -> ops.LinearWeig
         return ops.LinearWeight(w.bfloat16(), b)
     if dtype == "int8":
         return quantize_int8(ops.LinearWeight(w, b))
-    return quantize_int4(ops.LinearWeight(w, b))
+    return quantize_int4(ops.LinearWeight(w, b), int8_x=dtype == "int4q")
 
 
 def dense(lw: ops.LinearWeight, k: int) -> torch.Tensor:
@@ -33,6 +33,9 @@ def dense(lw: ops.LinearWeight, k: int) -> torch.Tensor:
 
 
 def reference(x: torch.Tensor, lw: ops.LinearWeight) -> torch.Tensor:
+    """float64 product; x rounded to int8 first where the build multiplies int8 x."""
+    if lw.int8_x and ops.int8_dot(kernels.library()):
+        x = ops.quantize_x_int8(x)
     y = x.double() @ dense(lw, x.shape[-1]).T
     return y if lw.bias is None else y + lw.bias.double()
 
@@ -40,7 +43,7 @@ def reference(x: torch.Tensor, lw: ops.LinearWeight) -> torch.Tensor:
 @pytest.fixture(params=list(kernels.BUILDS))
 def kernels_on(request, monkeypatch):
     """Each build this CPU runs (AVX2 and AVX-512 reduce in different orders and tile
-    differently: each must be right and batch invariant on its own)."""
+    differently, VNNI adds int8 x: each must be right and batch invariant on its own)."""
     lib, why = kernels.load_build(request.param)
     if lib is None:
         pytest.skip(why)
@@ -102,6 +105,26 @@ def test_int4_layout_and_torch_fallback(monkeypatch):
     torch.testing.assert_close(y_torch.double(), reference(x, lw), atol=1e-4, rtol=1e-4)
     if y is not None:
         torch.testing.assert_close(y_torch, y, atol=1e-4, rtol=1e-4)
+
+
+def test_int8_x_is_what_the_vnni_build_multiplies(kernels_on):
+    """With int8 x the result is the product of x's int8 rounding (not of x), within fp32
+    rounding, and that rounding is coarse enough to see: the two references differ."""
+    torch.manual_seed(3)
+    lw = make_weight("int4q", 64, 300)
+    x = torch.randn(4, 300)
+    x[1, 7] = 40.0  # an outlier coarsens its 128-input block only
+    y = ops.linear(x, lw)
+    exact = x.double() @ dense(lw, 300).T + lw.bias.double()
+    if not ops.int8_dot(kernels.library()):
+        torch.testing.assert_close(y.double(), exact, atol=1e-4, rtol=1e-4)
+        return
+    xq = ops.quantize_x_int8(x)
+    assert (xq - x.double()).abs().max() > 1e-3
+    assert ((xq - x.double()).abs() <= xq.abs().amax() / 254 + 1e-6).all()  # half a step
+    torch.testing.assert_close(y.double(), xq @ dense(lw, 300).T + lw.bias.double(),
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    assert (y.double() - exact).abs().max() > 1e-3
 
 
 def test_unknown_kernel_choice_is_an_error(monkeypatch):

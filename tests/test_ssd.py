@@ -149,8 +149,11 @@ def test_rejected_token_never_hits_and_known_outcomes_hit(local_worker):
     k, tok = keys[0]
     reply = w.outcome({"backup": False, "seqs": [{"sid": "a", "k": k, "token": tok}]})
     assert reply["hits"] == [True] and len(reply["specs"][0].tokens) == 3
-    # the cache now holds b_prev and the k accepted drafts; the emitted token is pending
-    assert w.seqs["a"].length == 4 + 1 + k
+    # the cache holds b_prev and the k accepted drafts, then ahead of them the emitted token
+    # (pending) and the drafts the speculation was drafted through
+    st = w.seqs["a"]
+    assert st.ahead_pos == 4 + 1 + k and st.ahead == [tok] + reply["specs"][0].tokens[:2]
+    assert st.length == st.ahead_pos + 3
     w.round({"seqs": [{"sid": "a", "start": 4 + 1 + k, "catch_up": [],
                        "trunk": [tok] + reply["specs"][0].tokens, "fanout": fan}]})  # fmt: skip
     rejected = (0, w.seqs["a"].trunk[1])  # "0 accepted, then d_1" cannot happen
@@ -174,6 +177,34 @@ def test_tree_drafts_equal_separate_drafting(local_worker):
         alone = w.draft({"seqs": [{"sid": "s", "start": 3, "catch_up": trunk[: k + 1] + [tok]}]})
         assert alone["specs"][0].tokens == spec.tokens
         w.release({"sids": ["s"]})
+
+
+@pytest.mark.parametrize("hit", [True, False])
+def test_trunk_reusing_held_drafts_equals_a_fresh_trunk(local_worker, hit):
+    """After an outcome the row keeps the drafts its speculation came from (moved out of the
+    tree on a hit, left in place by a just-in-time backup on a miss); the next round, which
+    runs only the trunk's last token, prepares the same speculations as a worker that runs
+    the whole trunk."""
+    w = local_worker
+    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
+    prompt, trunk, fan = [3, 4, 5, 6], [7, 8, 9, 10], [2, 2, 1, 1]
+    w.prefill({"seqs": [{"sid": "a", "tokens": prompt, "params": params, "seed": 0}]})
+    w.round({"seqs": [{"sid": "a", "start": 4, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    k, tok = w.seqs["a"].specs.outcomes()[0] if hit else (1, 15)
+    reply = w.outcome({"backup": True, "seqs": [{"sid": "a", "k": k, "token": tok}]})
+    assert reply["hits"] == [hit]
+    spec = reply["specs"][0].tokens
+    start = len(prompt) + 1 + k
+    nxt = {"start": start, "catch_up": [], "trunk": [tok] + spec, "fanout": fan}
+    assert w._held(w.seqs["a"], nxt) == 3  # the pending token, d_1, d_2: only d_3 runs
+    w.round({"seqs": [{"sid": "a", **nxt}]})
+    held = {key: w.seqs["a"].specs.lookup(*key).tokens for key in w.seqs["a"].specs.outcomes()}
+    w.prefill({"seqs": [{"sid": "b", "tokens": prompt + trunk[: k + 1], "params": params,
+                         "seed": 0}]})  # fmt: skip
+    w.round({"seqs": [{"sid": "b", **nxt}]})
+    fresh = {key: w.seqs["b"].specs.lookup(*key).tokens for key in w.seqs["b"].specs.outcomes()}
+    assert held == fresh and len(held) == sum(fan)
+    w.release({"sids": ["a", "b"]})
 
 
 def test_fanout_plans():

@@ -1,14 +1,15 @@
 """Our CPU kernels: built once per machine with the system C++ compiler, loaded with ctypes.
 
-One source, two builds: AVX2 + FMA (8-lane vectors) and AVX-512 (16 lanes); the widest the
-CPU runs is used. A build is cached under ``$SPECDEC_HOME/kernels/<hash>/`` (keyed by the
-source and flags), so the first use on a machine costs a few seconds and later ones nothing.
-``SPECDEC_KERNELS`` overrides the choice: ``avx2``, ``avx512``, or ``torch`` (no kernels).
+One source, three builds: AVX2 + FMA (8-lane vectors), AVX-512 (16 lanes), and AVX-512 with
+VNNI (adds the int4 x int8 product that drafters use); the widest the CPU runs is used. A
+build is cached under ``$SPECDEC_HOME/kernels/<hash>/`` (keyed by the source and flags), so
+the first use on a machine costs a few seconds and later ones nothing. ``SPECDEC_KERNELS``
+overrides the choice: ``avx2``, ``avx512``, ``avx512vnni``, or ``torch`` (no kernels).
 Where the kernels cannot be used (not x86-64 with AVX2/FMA, no compiler) callers fall back to
 plain torch operations; ``status()`` says which path is live and why.
 
-Each build is batch invariant on its own; the two reduce in different orders, so bits (not
-tokens, in practice) may differ between them, as between any two machines.
+Each build is batch invariant on its own; AVX2 and AVX-512 reduce in different orders, so bits
+(not tokens, in practice) may differ between them, as between any two machines.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ SOURCE = Path(__file__).with_name("cpu.cpp")
 COMMON_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # build name -> (extra compiler flags, CPU flags it needs beyond AVX2/FMA/F16C)
 BUILDS = {
+    "avx512vnni": (  # AVX-512 plus the int8 dot product: int4 drafters with int8 activations
+        ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni"],
+        ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"),
+    ),
     "avx512": (
         ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"],
         ("avx512f", "avx512bw", "avx512dq", "avx512vl"),
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -47,11 +52,13 @@ _SIGNATURES = {
     "linear_bf16": [_P, _P, _P, _P, _L, _L, _L, _I],
     "linear_i8": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
     "linear_i4": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
+    "linear_i4q": [_P, _P, _P, _P, _P, _L, _L, _L, _I],  # avx512vnni only
     "rmsnorm": [_P, _P, _P, _L, _L, _F, _I],
     "silu_mul": [_P, _P, _L, _L, _I],
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
 }
+OPTIONAL = {"linear_i4q"}  # present in some builds only
 
 
 @cache
@@ -115,7 +122,9 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
     if lib.specdec_abi_version() != ABI_VERSION:
         return None, "stale kernel build (ABI mismatch)"
     for fn_name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, fn_name)
+        fn = getattr(lib, fn_name, None)
+        if fn is None and fn_name in OPTIONAL:
+            continue
         fn.argtypes = argtypes
         fn.restype = None
     return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes)"

@@ -5,10 +5,11 @@
 // step is a few small-M matrix products over large weights, so a kernel that streams the
 // weights once and converts bf16 -> fp32 in registers is 2-3x faster.
 //
-// One source, two builds: VL (fp32 lanes per vector) is 8 with AVX2 and 16 when compiled with
+// One source, three builds: VL (fp32 lanes per vector) is 8 with AVX2 and 16 when compiled with
 // AVX-512 (twice the work per instruction and 32 registers: verification passes of 5-9
-// tokens and int4 unpacking are bound by instructions, not memory). The loader picks the
-// widest build the CPU runs.
+// tokens and int4 unpacking are bound by instructions, not memory); with VNNI too, int4
+// weights can also meet int8 activations (I4Q, for drafters). The loader picks the widest
+// build the CPU runs.
 //
 // Batch invariance (why exactness tests can demand token-identical output): every output
 // element is reduced in one fixed order (VL fp32 lanes over k, each weight format fixing which
@@ -85,7 +86,7 @@ static inline vf vcvt_i8(const int8_t *p) {
 struct F32 {
     typedef float T;
     static constexpr int KB = VL, NV = 1, XV = 1, BYTES = 4 * VL;
-    static constexpr bool GROUPED = false;
+    static constexpr bool GROUPED = false, INT8X = false;
     static int src(int s) { return s; }
     static float xmul(int) { return 1.0f; }
     static inline vf load(const float *b, int) { return vload(b); }
@@ -95,7 +96,7 @@ struct F32 {
 struct BF16 {  // 2*VL bf16 in one load: lane j holds k = 2j (low half) and 2j+1 (high)
     typedef uint16_t T;
     static constexpr int KB = 2 * VL, NV = 2, XV = 2, BYTES = 4 * VL;
-    static constexpr bool GROUPED = false;
+    static constexpr bool GROUPED = false, INT8X = false;
     static int src(int s) { return 2 * (s % VL) + s / VL; }
     static float xmul(int) { return 1.0f; }
     static inline void pack(const float *x, float *o) {  // evens, then odds
@@ -127,7 +128,7 @@ struct BF16 {  // 2*VL bf16 in one load: lane j holds k = 2j (low half) and 2j+1
 struct I8 {  // symmetric per-output-row int8; the row scale is applied after the reduction
     typedef int8_t T;
     static constexpr int KB = VL, NV = 1, XV = 1, BYTES = VL;
-    static constexpr bool GROUPED = false;
+    static constexpr bool GROUPED = false, INT8X = false;
     static int src(int s) { return s; }
     static float xmul(int) { return 1.0f; }
     static inline void pack(const float *x, float *o) { vstore(o, vload(x)); }
@@ -145,7 +146,7 @@ struct I8 {  // symmetric per-output-row int8; the row scale is applied after th
 struct I4 {
     typedef uint8_t T;
     static constexpr int KB = 8 * VL, NV = 8, XV = 9, BYTES = 4 * VL;
-    static constexpr bool GROUPED = true;
+    static constexpr bool GROUPED = true, INT8X = false;
     static constexpr int SCALES = KB / 32;  // fp16 group scales per block
     static int src(int s) {
         const int j = s % VL, p = s / VL;
@@ -181,6 +182,44 @@ struct I4 {
     }
     static inline float one(const uint8_t *, long) { return 0.0f; }  // no tail: rows are padded
 };
+#if defined(__AVX512VNNI__)
+// I4's weights against x quantized to int8, for VNNI's 4-way u8 x s8 dot product (drafters:
+// any q the drafter really samples from keeps speculative decoding exact). x is quantized per
+// row and 128-k block (scale = max|x| / 127, round to nearest even), so a row's result never
+// depends on the other rows. One 64-byte block of weights becomes two u8 operands in place:
+// the low nibbles of every byte (nibble p = 2b of lane j: k = base_j + 8b) and the high ones
+// (k = base_j + 8b + 4), base_j = 64*(j>>3) + 32*(j&1) + ((j&7)>>1); x is packed to match. The
+// stored nibble is q + 8: each lane's int32 sum is seeded with -8 * (its x's sum), exact. Per
+// block: int32 lanes (each in one group), then acc += float(lanes) * group scales * x's scale.
+// Packed x per block: [lo bytes | hi bytes | offsets int32 | x scale] (4 vectors).
+struct I4Q : I4 {
+    static constexpr int XV = 4;
+    static constexpr bool INT8X = true;
+    static inline void pack(const float *x, float *o) {
+        float amax = 0.0f;
+        for (int k = 0; k < KB; k++) amax = fmaxf(amax, fabsf(x[k]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t q[KB];
+        for (int k = 0; k < KB; k++) {
+            const long r = lrintf(x[k] * inv);
+            q[k] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+        int8_t *lo = (int8_t *)o, *hi = (int8_t *)(o + VL);
+        int32_t *off = (int32_t *)(o + 2 * VL);
+        for (int j = 0; j < VL; j++) {
+            const int base = 64 * (j >> 3) + 32 * (j & 1) + ((j & 7) >> 1);
+            int32_t sum = 0;
+            for (int b = 0; b < 4; b++) {
+                lo[4 * j + b] = q[base + 8 * b];
+                hi[4 * j + b] = q[base + 8 * b + 4];
+                sum += q[base + 8 * b] + q[base + 8 * b + 4];
+            }
+            off[j] = -8 * sum;
+            o[3 * VL + j] = amax / 127.0f;
+        }
+    }
+};
+#endif
 template <class W>
 struct Fmt : W {
     static constexpr long BLK = W::BYTES / sizeof(typename W::T);  // T per block
@@ -227,6 +266,24 @@ static void pack_x(const float *x, float *xp, long M, long K) {
 template <class W, int MT, int NT>
 static inline void block(vf (&acc)[MT][NT], const float *xb, const typename W::T *w, long ws,
                          const uint16_t *gs, long gss) {
+#if defined(__AVX512VNNI__)
+    if constexpr (W::INT8X) {
+        const vi low = vset1i(0x0F0F0F0F);
+        for (int t = 0; t < NT; t++) {
+            const vi v = viload(w + t * ws);
+            const vi lo = vand(v, low), hi = vand(vsrli(v, 4), low);
+            const vf s = I4::scales(gs + t * gss);
+            for (int i = 0; i < MT; i++) {
+                const float *xi = xb + i * W::XV * VL;
+                vi p = viload(xi + 2 * VL);
+                p = _mm512_dpbusd_epi32(p, lo, viload(xi));
+                p = _mm512_dpbusd_epi32(p, hi, viload(xi + VL));
+                acc[i][t] = vfma(vcvt(p), _mm512_mul_ps(s, vload(xi + 3 * VL)), acc[i][t]);
+            }
+        }
+        return;
+    }
+#endif
     vf part[MT][NT];  // I4: this block's partial sum, seeded with the offset vector
     if constexpr (W::GROUPED)
         for (int i = 0; i < MT; i++) {
@@ -290,6 +347,7 @@ static inline void micro(const float *xb, long xbs, const typename W::T *w, long
 // 145 ms); 1 row is bound by memory alike in both builds (~71-75 ms).
 template <class W, int MT>
 static constexpr int tile_n() {
+    if (W::INT8X) return MT == 1 ? 8 : 4;
     if (VL == 16) {
         if (W::GROUPED) return MT == 1 ? 8 : 4;
         return MT <= 2 ? 8 : 4;
@@ -299,6 +357,7 @@ static constexpr int tile_n() {
 }
 template <class W>
 static constexpr int max_mt() {
+    if (W::INT8X) return 4;  // 8 rows: 27 ms against 32 (3) and 30 (6) for a 0.5B's matrices
     if (VL == 16) return W::GROUPED ? 3 : 6;
     return W::GROUPED ? 3 : 5;
 }
@@ -542,7 +601,7 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 }
 
 extern "C" {
-int specdec_abi_version() { return 3; }
+int specdec_abi_version() { return 4; }
 int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
@@ -561,6 +620,13 @@ void linear_i4(const float *x, const uint8_t *w, const uint16_t *scale, const fl
                float *y, long M, long N, long K, int nt) {
     linear<I4>(x, w, 0, scale, bias, y, M, N, K, nt);
 }
+#if defined(__AVX512VNNI__)
+// as linear_i4, with x quantized to int8 per row and 128-k block (see I4Q)
+void linear_i4q(const float *x, const uint8_t *w, const uint16_t *scale, const float *bias,
+                float *y, long M, long N, long K, int nt) {
+    linear<I4Q>(x, w, 0, scale, bias, y, M, N, K, nt);
+}
+#endif
 void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps, int nt) {
     rmsnorm_rows(x, w, y, R, D, eps, nt);
 }

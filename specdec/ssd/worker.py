@@ -16,7 +16,12 @@ messages one at a time (the target never waits for a reply it does not need):
 A message's top-level k is the drafting depth (the target's current K, at most the configured
 K); a sequence's k in an outcome is the number of drafts it accepted.
 
-Invariant, as in the target: a sequence's cache row holds every token but the pending one.
+Invariant, as in the target: a sequence's cache row holds every token but the pending one,
+and possibly more: the speculation it just returned was drafted through the pending token and
+d_1..d_{K-1}, so it keeps those keys/values ("ahead", moved out of the tree on a hit) with the
+draft's top tokens after each. The next round's trunk [pending, d_1..d_K] then needs a pass
+over d_K alone instead of all K+1 tokens (the target does not know; the start it sends is
+still "all but the pending token").
 """
 
 from __future__ import annotations
@@ -72,6 +77,13 @@ class _Seq:
     trunk_start: int = 0
     trunk: list[int] = field(default_factory=list)
     specs: SpeculationCache = field(default_factory=SpeculationCache)
+    # held past the pending token: [pending, d_1..] from slot ahead_pos, and the draft's top
+    # tokens after each of them (the trunk's candidates next round)
+    ahead: list[int] = field(default_factory=list)
+    ahead_pos: int = -1
+    ahead_tops: list[list[int]] = field(default_factory=list)
+    # (k, token) -> the tree branch's slots (root, d_1..d_{K-1}) and top tokens after each
+    branches: dict = field(default_factory=dict)
 
 
 def saguaro(q: torch.Tensor, fanout: int, c: float, sparse: int):
@@ -121,13 +133,22 @@ class DraftWorker:
 
     def _top_tokens(self, logits_row: torch.Tensor, n: int) -> list[int]:
         """The draft's n most likely next tokens (real tokens only, in the target's ids)."""
+        return self._tops(logits_row[None], n)[0]
+
+    def _tops(self, logits: torch.Tensor, n: int) -> list[list[int]]:
+        """_top_tokens for each row of logits [R, V]."""
         head_ids = getattr(self.model, "head_ids", None)
-        scores = logits_row.clone()
+        scores = logits.clone()
         if head_ids is not None:
-            scores[head_ids >= self.cfg.tokenizer_vocab] = float("-inf")
-            return head_ids[scores.topk(n).indices].tolist()
-        scores[self.cfg.tokenizer_vocab :] = float("-inf")
-        return scores.topk(n).indices.tolist()
+            scores[:, head_ids >= self.cfg.tokenizer_vocab] = float("-inf")
+            return head_ids[scores.topk(n, dim=-1).indices].tolist()
+        scores[:, self.cfg.tokenizer_vocab :] = float("-inf")
+        return scores.topk(n, dim=-1).indices.tolist()
+
+    @property
+    def _n_tops(self) -> int:
+        """Top tokens kept per drafted position: enough for any fan-out plus the excluded d."""
+        return self.cfg.budget + 1
 
     def _next(self, logits: torch.Tensor, states: list[_Seq], position: int) -> list[tuple]:
         """(token, q' ids, q' probs) for each row. Greedy rows skip the full-vocabulary
@@ -172,23 +193,41 @@ class DraftWorker:
         """Trunk pass, candidate selection, and tree drafting of every branch."""
         items = msg["seqs"]
         states = [self._seq(i["sid"]) for i in items]
+        feeds, known = [], []  # tokens to run; top tokens already known for leading positions
         for st, item in zip(states, items):
-            self._rewind(st, item["start"])
+            m = self._held(st, item)
+            if m:
+                self.cache.rollback(st.row, item["start"] + m)
+                st.length = item["start"] + m
+                feeds.append(item["trunk"][m:])
+                known.append(st.ahead_tops[:m])
+            else:
+                self._rewind(st, item["start"])
+                feeds.append(item["catch_up"] + item["trunk"])
+                known.append([])
+            st.ahead, st.ahead_tops = [], []
             st.specs.clear()
+            st.branches.clear()
             st.fanout = item["fanout"]
-        # 1. one pass over catch-up + trunk; logits at the trunk: q after b_prev, d_1, .., d_K
-        tokens, lengths = pad_right([i["catch_up"] + i["trunk"] for i in items])
-        trunk_len = torch.tensor([len(i["trunk"]) for i in items])
-        offsets = lengths - trunk_len
-        at = offsets[:, None] + torch.arange(int(trunk_len.max()))[None, :]
-        at = torch.minimum(at, (lengths - 1)[:, None])
-        logits = self.model.forward(tokens, self.cache, self._rows(states), num_new=lengths,
-                                    logits_at=at)  # fmt: skip
+        # 1. one pass over what is not held of catch-up + trunk [b_prev, d_1..d_K]; the draft's
+        #    top tokens after each trunk token
+        n_top = max([self._n_tops] + [f + 1 for st in states for f in st.fanout])
+        tops = [list(kn) for kn in known]
+        run = [i for i, f in enumerate(feeds) if f]
+        if run:
+            tokens, lengths = pad_right([feeds[i] for i in run])
+            n_trunk = torch.tensor([len(items[i]["trunk"]) - len(known[i]) for i in run])
+            at = (lengths - n_trunk)[:, None] + torch.arange(int(n_trunk.max()))[None, :]
+            at = torch.minimum(at, (lengths - 1)[:, None])
+            logits = self.model.forward(tokens, self.cache, self._rows([states[i] for i in run]),
+                                        num_new=lengths, logits_at=at)  # fmt: skip
+            for r, i in enumerate(run):
+                tops[i] += self._tops(logits[r, : int(n_trunk[r])], n_top)
         layouts, roots = [], []
         for i, (st, item) in enumerate(zip(states, items)):
             trunk = item["trunk"]
             # the catch-up (tokens emitted in rounds without drafts) precedes the trunk
-            st.trunk_start = st.length + len(item["catch_up"])
+            st.trunk_start = item["start"] + len(item["catch_up"])
             st.trunk = trunk
             st.length = st.trunk_start + len(trunk)
             # 2. candidates for the token after k accepted drafts: the draft's top tokens at
@@ -198,14 +237,24 @@ class DraftWorker:
                 if fan <= 0:
                     continue
                 excluded = trunk[k + 1] if k + 1 < len(trunk) else None
-                ranked = self._top_tokens(logits[i, k], fan + 1)
-                picks = [t for t in ranked if t != excluded][:fan]
+                picks = [t for t in tops[i][k][: fan + 1] if t != excluded][:fan]
                 branch_k += [k] * len(picks)
                 branch_tok += picks
             layouts.append(TreeLayout(st.trunk_start, len(trunk) - 1, branch_k))
             roots.append(branch_tok)
         # 3. draft K tokens for all branches at once, one forward per step
         self._draft_tree(states, layouts, roots, self._depth(msg))
+
+    def _held(self, st: _Seq, item: dict) -> int:
+        """How many leading trunk tokens the row already holds (ahead of the pending one)."""
+        if not st.ahead or item["catch_up"] or item["start"] != st.ahead_pos:
+            return 0
+        m = 0
+        for a, t in zip(st.ahead, item["trunk"]):
+            if a != t:
+                break
+            m += 1
+        return min(m, len(st.ahead_tops))
 
     def _depth(self, msg: dict) -> int:
         """Tokens per speculation this time: the target's current K, at most the configured."""
@@ -224,6 +273,7 @@ class DraftWorker:
         drafted = [[[] for _ in lay.branch_k] for lay in layouts]
         q_ids = [[[] for _ in lay.branch_k] for lay in layouts]
         q_probs = [[[] for _ in lay.branch_k] for lay in layouts]
+        tops = [[[] for _ in lay.branch_k] for lay in layouts]
         current = [list(r) for r in roots]
         for step in range(k_len):
             tokens = torch.zeros(len(states), width, dtype=torch.int64)
@@ -235,16 +285,20 @@ class DraftWorker:
                                         positions=positions, attn_mask=mask)  # fmt: skip
             for i, (st, lay) in enumerate(zip(states, layouts)):
                 draws = self._next(logits[i, : lay.width], [st] * lay.width, step)
+                step_tops = self._tops(logits[i, : lay.width], self._n_tops)
                 for j in range(lay.width):
                     tok, ids, probs = draws[j]
                     drafted[i][j].append(tok)
                     q_ids[i][j].append(ids)
                     q_probs[i][j].append(probs)
+                    tops[i][j].append(step_tops[j])
                     current[i][j] = tok
         for i, (st, lay) in enumerate(zip(states, layouts)):
             for j, k in enumerate(lay.branch_k):
                 st.specs.store(k, roots[i][j], _speculation(drafted[i][j], q_ids[i][j],
                                                             q_probs[i][j]))  # fmt: skip
+                slots = [lay.slot(step, j) for step in range(k_len)]
+                st.branches[(k, roots[i][j])] = (slots, tops[i][j])
 
     def outcome(self, msg: dict) -> dict:
         """Look up each sequence's outcome; on a miss, draft just in time if asked to."""
@@ -257,7 +311,14 @@ class DraftWorker:
             results.append(spec)
             if spec is None:
                 missed.append((len(results) - 1, item["sid"], item["token"]))
+            else:  # keep the branch's keys/values: the next trunk starts with them
+                slots, tops = st.branches[(item["k"], item["token"])]
+                self.cache.move_slots(st.row, slots, st.length)
+                st.ahead = [item["token"]] + spec.tokens[: len(slots) - 1]
+                st.ahead_pos, st.ahead_tops = st.length, tops
+                st.length += len(slots)
             st.specs.clear()
+            st.branches.clear()
         hits = [r is not None for r in results]
         if missed and msg.get("backup"):
             specs = self._draft_now([sid for _, sid, _ in missed], [[t] for _, _, t in missed],
@@ -270,22 +331,25 @@ class DraftWorker:
         """Speculations drafted just in time (new sequences, or after a fallback)."""
         items = msg["seqs"]
         for item in items:
-            self._rewind(self._seq(item["sid"]), item["start"])
+            st = self._seq(item["sid"])
+            self._rewind(st, item["start"])
+            st.ahead, st.ahead_tops = [], []
         specs = self._draft_now([i["sid"] for i in items], [i["catch_up"] for i in items],
                                 self._depth(msg))  # fmt: skip
         return {"specs": specs, "hits": [False] * len(items)}
 
     def _draft_now(self, sids: list[str], catch_ups: list[list[int]], k_len: int
                    ) -> list[Speculation]:  # fmt: skip
-        """Feed each sequence's catch-up (ending with its pending token), draft K tokens,
-        and roll back so the row again holds all but the pending token."""
+        """Feed each sequence's catch-up (ending with its pending token) and draft K tokens.
+        The row keeps the pending token and d_1..d_{K-1} ahead (see the module's invariant)."""
         states = [self._seq(s) for s in sids]
         rows = self._rows(states)
         tokens, lengths = pad_right(catch_ups)
-        starts = [st.length for st in states]
+        pending_at = [st.length + n - 1 for st, n in zip(states, lengths.tolist())]
         logits = self.model.forward(tokens, self.cache, rows, num_new=lengths,
                                     logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
         out = [([], [], []) for _ in states]
+        tops = [[] for _ in states]
         for step in range(k_len):
             nxt = []
             for (toks, q_ids, q_probs), (tok, ids, probs) in zip(
@@ -295,11 +359,14 @@ class DraftWorker:
                 q_ids.append(ids)
                 q_probs.append(probs)
                 nxt.append(tok)
+            for top, row_tops in zip(tops, self._tops(logits, self._n_tops)):
+                top.append(row_tops)
             if step + 1 < k_len:
                 logits = self.model.forward(torch.tensor(nxt)[:, None], self.cache, rows)[:, 0]
-        for st, start, n in zip(states, starts, lengths.tolist()):
-            self.cache.rollback(st.row, start + n - 1)
-            st.length = start + n - 1
+        for st, pos, catch_up, o, top in zip(states, pending_at, catch_ups, out, tops):
+            st.ahead = [catch_up[-1]] + o[0][: k_len - 1]
+            st.ahead_pos, st.ahead_tops = pos, top
+            st.length = pos + k_len
         return [_speculation(*o) for o in out]
 
     def capacity(self, msg: dict) -> dict:
