@@ -583,7 +583,9 @@ def machine_info(args) -> dict:
             versions[name] = getattr(__import__(name), "__version__", "?")
     return {
         "cpu": cpu,
-        "cpu_flags": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}),
+        "cpu_flags": sorted(
+            flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"}
+        ),
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": args.threads,
