@@ -65,6 +65,11 @@ INT4_BLOCK = 64  # inputs per 32-byte unit of the packed layout
 INT4_ROW = 128  # rows are padded to a multiple of this many inputs (AVX-512 reads two units)
 
 
+def int4_padded(in_features: int) -> int:
+    """Inputs an int4 row is stored with (and x is packed to): a multiple of INT4_ROW."""
+    return -(-in_features // INT4_ROW) * INT4_ROW
+
+
 def int4_nibble_k() -> tuple[torch.Tensor, torch.Tensor]:
     """Where each byte of a 32-byte int4 block gets its two values: (k of the low nibble, k of
     the high nibble), both [32], k within the 64-input block. The kernel reads the block as 8
@@ -96,7 +101,7 @@ def quantize_x_int8(x: torch.Tensor) -> torch.Tensor:
     """What an ``int8_x`` kernel multiplies in place of x [M, K]: x rounded to int8 steps of
     max|x| / 127 per row and block of 128 inputs (float64, for references and tests)."""
     m, k = x.shape
-    kp = -(-k // INT4_ROW) * INT4_ROW
+    kp = int4_padded(k)
     blocks = F.pad(x.float(), (0, kp - k)).reshape(m, -1, INT4_ROW)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))  # fp32, as the kernel
@@ -127,7 +132,7 @@ def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
     elif w.dtype == torch.int8:
         lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
     elif w.dtype == torch.uint8:
-        blocks = -(-k // INT4_ROW) * (INT4_ROW // INT4_BLOCK)
+        blocks = int4_padded(k) // INT4_BLOCK
         if w.shape[1] != blocks * 32 or lw.scale.shape[1] != 2 * blocks:
             raise ValueError(f"int4 weight {tuple(w.shape)} does not fit {k} inputs")
         if lw.scale.dtype != torch.float16 or not (w.is_contiguous() and lw.scale.is_contiguous()):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.model import Transformer
-from specdec.ops import INT4_BLOCK, INT4_GROUP, INT4_ROW, LinearWeight, int4_nibble_k
+from specdec.ops import INT4_BLOCK, INT4_GROUP, LinearWeight, int4_nibble_k, int4_padded
 
 
 def quantize_int8(lw: LinearWeight) -> LinearWeight:
@@ -39,7 +39,7 @@ def quantize_int4(lw: LinearWeight, int8_x: bool = False) -> LinearWeight:
     ``int8_x``: the product may round x to int8 (see ``LinearWeight``)."""
     w = lw.weight.float()
     n, k = w.shape
-    kp = -(-k // INT4_ROW) * INT4_ROW
+    kp = int4_padded(k)
     groups = F.pad(w, (0, kp - k)).reshape(n, kp // INT4_GROUP, INT4_GROUP)
     extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))
     scale = (extreme / -8).to(torch.float16)  # quantize against the scale actually stored

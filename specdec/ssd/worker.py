@@ -131,12 +131,9 @@ class DraftWorker:
         return draft_distribution(logits, [s.params for s in states], self.model,
                                   cfg.tokenizer_vocab, cfg.target_vocab)  # fmt: skip
 
-    def _top_tokens(self, logits_row: torch.Tensor, n: int) -> list[int]:
-        """The draft's n most likely next tokens (real tokens only, in the target's ids)."""
-        return self._tops(logits_row[None], n)[0]
-
     def _tops(self, logits: torch.Tensor, n: int) -> list[list[int]]:
-        """_top_tokens for each row of logits [R, V]."""
+        """The draft's n most likely next tokens (real tokens only, in the target's ids) for
+        each row of logits [R, V]."""
         head_ids = getattr(self.model, "head_ids", None)
         scores = logits.clone()
         if head_ids is not None:
@@ -150,15 +147,14 @@ class DraftWorker:
         """Top tokens kept per drafted position: enough for any fan-out plus the excluded d."""
         return self.cfg.budget + 1
 
-    def _next(self, logits: torch.Tensor, states: list[_Seq], position: int) -> list[tuple]:
-        """(token, q' ids, q' probs) for each row. Greedy rows skip the full-vocabulary
-        transform: their q' is the point mass on the argmax (over real tokens)."""
+    def _next(self, logits: torch.Tensor, states: list[_Seq], position: int,
+              tops: list[list[int]]) -> list[tuple]:  # fmt: skip
+        """(token, q' ids, q' probs) for each row, given the rows' top tokens (``_tops``).
+        Greedy rows skip the full-vocabulary transform: their q' is the point mass on the
+        argmax (over real tokens)."""
         if all(st.params.greedy for st in states):
-            out = []
-            for row in logits:
-                tok = self._top_tokens(row, 1)[0]
-                out.append((tok, torch.tensor([tok]), torch.ones(1, dtype=torch.float64)))
-            return out
+            return [(top[0], torch.tensor([top[0]]), torch.ones(1, dtype=torch.float64))
+                    for top in tops]  # fmt: skip
         q = self._q(logits, states)
         return [self._draw(q[i], st, position) for i, st in enumerate(states)]
 
@@ -211,7 +207,6 @@ class DraftWorker:
             st.fanout = item["fanout"]
         # 1. one pass over what is not held of catch-up + trunk [b_prev, d_1..d_K]; the draft's
         #    top tokens after each trunk token
-        n_top = max([self._n_tops] + [f + 1 for st in states for f in st.fanout])
         tops = [list(kn) for kn in known]
         run = [i for i, f in enumerate(feeds) if f]
         if run:
@@ -222,7 +217,7 @@ class DraftWorker:
             logits = self.model.forward(tokens, self.cache, self._rows([states[i] for i in run]),
                                         num_new=lengths, logits_at=at)  # fmt: skip
             for r, i in enumerate(run):
-                tops[i] += self._tops(logits[r, : int(n_trunk[r])], n_top)
+                tops[i] += self._tops(logits[r, : int(n_trunk[r])], self._n_tops)
         layouts, roots = [], []
         for i, (st, item) in enumerate(zip(states, items)):
             trunk = item["trunk"]
@@ -284,8 +279,8 @@ class DraftWorker:
             logits = self.model.forward(tokens, self.cache, rows, num_new=num_new,
                                         positions=positions, attn_mask=mask)  # fmt: skip
             for i, (st, lay) in enumerate(zip(states, layouts)):
-                draws = self._next(logits[i, : lay.width], [st] * lay.width, step)
                 step_tops = self._tops(logits[i, : lay.width], self._n_tops)
+                draws = self._next(logits[i, : lay.width], [st] * lay.width, step, step_tops)
                 for j in range(lay.width):
                     tok, ids, probs = draws[j]
                     drafted[i][j].append(tok)
@@ -352,14 +347,14 @@ class DraftWorker:
         tops = [[] for _ in states]
         for step in range(k_len):
             nxt = []
-            for (toks, q_ids, q_probs), (tok, ids, probs) in zip(
-                out, self._next(logits, states, step)
+            step_tops = self._tops(logits, self._n_tops)
+            for (toks, q_ids, q_probs), (tok, ids, probs), top, row_tops in zip(
+                out, self._next(logits, states, step, step_tops), tops, step_tops
             ):
                 toks.append(tok)
                 q_ids.append(ids)
                 q_probs.append(probs)
                 nxt.append(tok)
-            for top, row_tops in zip(tops, self._tops(logits, self._n_tops)):
                 top.append(row_tops)
             if step + 1 < k_len:
                 logits = self.model.forward(torch.tensor(nxt)[:, None], self.cache, rows)[:, 0]
