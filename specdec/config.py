@@ -1,10 +1,16 @@
-"""ModelConfig: the decoder hyper-parameters we need, read from a Hugging Face config.json."""
+"""Configuration: the model's hyper-parameters (``ModelConfig``, from a Hugging Face
+config.json) and the engine's options (``EngineConfig`` with its ``DraftConfig`` and
+``SSDConfig``).
+
+The engine's options are defined once, here: each field's default, allowed values, help text and
+validation. ``LLM(...)`` builds an ``EngineConfig`` from its keywords, the command line derives its
+flags from the fields (``specdec.cli.args``), and the SSD setup reads its part of it."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -113,3 +119,208 @@ class ModelConfig:
             is_mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
             inv = torch.where(is_mid, mid, scaled)
         return inv
+
+
+# -- the engine's options -----------------------------------------------------------------------
+METHODS = ("ar", "sd", "ngram", "ssd")
+DTYPES = ("auto", "float32", "bfloat16")
+DRAFT_QUANTIZATIONS = ("auto", "none", "int8", "int4")
+FANOUTS = ("geometric", "uniform", "pipeline")
+BACKUPS = ("auto", "neural", "fast")
+KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
+AUTO_DRAFT_VOCAB = 32768  # "auto" draft head: the 32K most frequent tokens of a large vocabulary
+
+
+def option(default, help: str, choices=None, keyword: str | None = None, flag: str | None = None):
+    """A configuration field. ``keyword``: its name among ``LLM``'s keywords when it differs from
+    the field's; ``flag``: its command-line flag when it differs from the keyword's."""
+    meta = {"help": help, "choices": choices, "keyword": keyword, "flag": flag}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        allowed = ", ".join(str(c) for c in choices)
+        raise ValueError(f"unknown {name} {value!r}: choose one of {allowed}")
+
+
+def _check_int(name: str, value, low: int = 1, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_cores(name: str, cores) -> None:
+    if cores is None:
+        return
+    if not cores or not all(isinstance(c, int) and not isinstance(c, bool) for c in cores):
+        raise ValueError(f"{name} must be a non-empty list of CPU ids, got {cores!r}")
+
+
+@dataclass
+class DraftConfig:
+    """How the draft model is made cheaper (none of it changes the output: the verifier uses the
+    q the drafter really sampled from)."""
+
+    quantization: str = option(
+        "auto",
+        "drafter matrices: 'auto' (int4 on our CPU kernels, as loaded elsewhere), 'none', "
+        "'int8', 'int4'",
+        DRAFT_QUANTIZATIONS,
+        keyword="draft_quantization",
+    )
+    vocab: int | str = option(
+        "auto",
+        "drafter output head size: an integer, 'auto' (32K most frequent tokens of a large "
+        "vocabulary) or 'full'",
+        keyword="draft_vocab",
+    )
+
+    def validate(self) -> None:
+        if self.quantization is None:
+            self.quantization = "none"
+        _check_choice("draft_quantization", self.quantization, DRAFT_QUANTIZATIONS)
+        if self.vocab is None:
+            self.vocab = "full"
+        if isinstance(self.vocab, str) and self.vocab.isdigit():
+            self.vocab = int(self.vocab)
+        if self.vocab not in ("auto", "full"):
+            _check_int("draft_vocab (or 'auto', 'full')", self.vocab, optional=False)
+
+    def head_size(self, vocab_size: int) -> int | None:
+        """Tokens the draft's output head covers, or None for the whole vocabulary."""
+        if self.vocab == "auto":
+            return AUTO_DRAFT_VOCAB if vocab_size > 2 * AUTO_DRAFT_VOCAB else None
+        if self.vocab == "full" or self.vocab >= vocab_size:
+            return None
+        return self.vocab
+
+
+@dataclass
+class SSDConfig:
+    """Speculative speculative decoding: the drafter in a worker process of its own."""
+
+    draft_device: str | None = option(None, "device of the SSD drafter (default: the target's)")
+    draft_cpu_cores: list[int] | None = option(
+        None, "CPU ids of the SSD drafter (default: the last core)"
+    )
+    budget: int = option(
+        4,
+        "speculations cached per sequence per round (B)",
+        keyword="speculation_budget",
+    )
+    fanout: str = option("geometric", "how the budget is spread over outcomes", FANOUTS)
+    saguaro_c: float = option(1.0, "Saguaro C in (0, 1]: top-F draft probabilities times C")
+    backup: str = option("auto", "what to draft on a cache miss", BACKUPS)
+    timeout_s: float = option(
+        30.0, "seconds to wait for the worker before drafting without it", keyword="ssd_timeout_s"
+    )
+    max_k: int = 4  # speculation length the worker drafts at most (the adaptive K's ceiling)
+
+    def validate(self) -> None:
+        if self.budget is None:
+            self.budget = SSDConfig.budget
+        if self.saguaro_c is None:
+            self.saguaro_c = SSDConfig.saguaro_c
+        _check_int("speculation_budget", self.budget, optional=False)
+        c = self.saguaro_c
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 1:
+            raise ValueError(f"saguaro_c must be in (0, 1], got {c!r}")
+        self.saguaro_c = float(c)
+        _check_choice("fanout", self.fanout, FANOUTS)
+        _check_choice("backup", self.backup, BACKUPS)
+        _check_cores("draft_cpu_cores", self.draft_cpu_cores)
+        if not self.timeout_s > 0:
+            raise ValueError(f"ssd_timeout_s must be > 0, got {self.timeout_s!r}")
+
+
+@dataclass
+class EngineConfig:
+    """Everything ``LLM`` needs to know: which models, which method, and on which hardware."""
+
+    model: str = option("qwen2.5-coder-1.5b", "alias, HF folder or .gguf file")
+    draft_model: str | None = option(None, "draft model (sd, ssd)")
+    method: str = option("ar", "decoding method", METHODS)
+    num_speculative_tokens: int | None = option(
+        None, "fixed speculation length K (default: adaptive)", flag="-k"
+    )
+    max_speculative_tokens: int = option(8, "the adaptive K's ceiling (sd, ngram)")
+    dtype: str = option("auto", "weights' dtype (auto: bf16 where the hardware has it)", DTYPES)
+    device: str = option("cpu", "cpu or cuda")
+    num_threads: int | None = option(
+        None, "threads (default: all cores)", keyword="num_threads", flag="--threads"
+    )
+    cpu_cores: list[int] | None = option(None, "pin to these CPU ids, e.g. 0 or 0,1")
+    max_model_len: int | None = option(None, "longest sequence (default: the model's context)")
+    max_num_seqs: int | None = option(None, "requests decoded together (default: all given)")
+    ngram_max: int = option(3, "prompt lookup: longest n-gram matched")
+    ngram_min: int = option(1, "prompt lookup: shortest n-gram matched")
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    ssd: SSDConfig = field(default_factory=SSDConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check_choice("method", self.method, METHODS)
+        if not isinstance(self.dtype, torch.dtype):
+            _check_choice("dtype", self.dtype, DTYPES)
+        _check_int("num_speculative_tokens", self.num_speculative_tokens)
+        _check_int("max_speculative_tokens", self.max_speculative_tokens, optional=False)
+        _check_int("num_threads", self.num_threads)
+        _check_int("max_model_len", self.max_model_len)
+        _check_int("max_num_seqs", self.max_num_seqs)
+        _check_int("ngram_max", self.ngram_max, optional=False)
+        _check_int("ngram_min", self.ngram_min, optional=False)
+        _check_cores("cpu_cores", self.cpu_cores)
+        if self.method == "ar" and self.draft_model is not None:
+            raise ValueError("method 'ar' takes no draft_model (did you mean method='sd'?)")
+        if self.method == "ngram" and self.draft_model is not None:
+            raise ValueError("method 'ngram' drafts by prompt lookup and takes no draft_model")
+        if self.method in ("sd", "ssd") and self.draft_model is None:
+            raise ValueError(f"method {self.method!r} needs a draft_model")
+        if self.method != "ssd" and self.ssd.draft_cpu_cores is not None:
+            raise ValueError("draft_cpu_cores applies to method='ssd' only")
+        self.draft.validate()
+        self.ssd.validate()
+
+    @classmethod
+    def from_keywords(cls, **kw) -> EngineConfig:
+        """The configuration ``LLM(**kw)`` describes (its flat keywords, e.g.
+        ``speculation_budget=2``, go to the part they belong to)."""
+        parts = {}
+        for part_name, part_cls in (("draft", DraftConfig), ("ssd", SSDConfig)):
+            names = {keyword_of(f): f.name for f in fields(part_cls) if f.metadata}
+            parts[part_name] = part_cls(**{names[k]: kw.pop(k) for k in list(kw) if k in names})
+        own = {keyword_of(f): f.name for f in fields(cls) if f.metadata}
+        unknown = sorted(set(kw) - set(own))
+        if unknown:
+            raise TypeError(f"unknown LLM option(s): {', '.join(unknown)}")
+        return cls(**{own[k]: v for k, v in kw.items()}, **parts)
+
+
+def keyword_of(f) -> str:
+    """A configuration field's name among ``LLM``'s keywords."""
+    return f.metadata.get("keyword") or f.name
+
+
+def engine_options() -> list[tuple[Field, str]]:
+    """Every user-facing option as (field, keyword), in the order the CLI lists them."""
+    out = []
+    for cls in (EngineConfig, DraftConfig, SSDConfig):
+        out += [(f, keyword_of(f)) for f in fields(cls) if f.metadata]
+    return out
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """The draft model as resolved for loading: its folder, matrices' quantization (None: as
+    loaded), output head (token ids, None: the whole vocabulary) and dtype."""
+
+    path: Path
+    quantization: str | None
+    head_ids: torch.Tensor | None
+    dtype: torch.dtype

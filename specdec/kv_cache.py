@@ -8,9 +8,15 @@ separate ideas, so a tree of speculative branches can share a prefix in one row.
 
 from __future__ import annotations
 
+import psutil
 import torch
 
-from specdec.config import ModelConfig
+from specdec.config import KV_BUDGET, ModelConfig
+
+
+def kv_budget_bytes() -> int:
+    """Bytes the KV caches may take: a fixed share of the machine's RAM."""
+    return int(psutil.virtual_memory().total * KV_BUDGET)
 
 
 class CacheFullError(RuntimeError):

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from specdec.metrics import DrafterStats
 from specdec.sampling import SamplingParams, SequenceRNG
 from specdec.tokenizer import Detokenizer, Tokenizer
 
@@ -41,6 +42,7 @@ class SequenceStats:
     verify_time: float = 0.0
     decode_time: float = 0.0  # whole rounds (draft + verify + bookkeeping)
     extra: dict = field(default_factory=dict)  # method-specific counters (e.g. "ssd")
+    drafter: DrafterStats | None = None  # a drafter's own counters, with their metrics()
 
     def per_token_acceptance(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:
         """alpha, the chance that the verifier accepts a draft token given it reaches it: the

@@ -1,0 +1,79 @@
+"""The machine: CPU feature flags, the cores this process may use, and pinning to them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence as Seq
+from functools import cache
+from pathlib import Path
+
+import torch
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def machine_cores() -> list[int] | None:
+    """The CPUs this process could use when specdec was imported (pinning narrows it later)."""
+    return list(_MACHINE_CORES) if _MACHINE_CORES is not None else None
+
+
+_MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
+    """Pin this process to ``cores`` (one thread each) and set torch's and our thread count."""
+    from specdec import ops  # ops -> kernels -> this module: import it when first needed
+
+    if cores is not None:
+        cores = sorted(set(int(c) for c in cores))
+        if not cores:
+            raise ValueError("cpu_cores is empty")
+        try:
+            os.sched_setaffinity(0, cores)
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"cannot run on CPU cores {cores}: {exc}") from exc
+        num_threads = num_threads or len(cores)
+    n = num_threads or torch.get_num_threads()
+    if n < 1:
+        raise ValueError(f"num_threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    ops.set_num_threads(n)
+    return n
+
+
+def split_cores(cpu_cores, draft_cpu_cores, device: str, draft_device: str | None):
+    """SSD gives the drafter hardware of its own. On the CPU: by default the drafter takes the
+    last available core and the target the others (2 cores: target 0, drafter 1)."""
+    if (draft_device or device) != "cpu":
+        return cpu_cores, draft_cpu_cores
+    available = machine_cores()
+    if draft_cpu_cores is None:
+        pool = sorted(cpu_cores) if cpu_cores is not None else available
+        if not pool or len(pool) < 2:
+            raise ValueError(
+                "SSD on the CPU needs at least 2 cores (one for the drafter); "
+                "pass draft_cpu_cores to share"
+            )
+        draft_cpu_cores = [pool[-1]]
+        if cpu_cores is None:
+            cpu_cores = pool[:-1]
+    elif cpu_cores is None and available is not None:
+        rest = [c for c in available if c not in set(draft_cpu_cores)]
+        cpu_cores = rest or available
+    if available is not None and not set(draft_cpu_cores) <= set(available):
+        raise ValueError(
+            f"draft_cpu_cores {list(draft_cpu_cores)} not all available "
+            f"(this process may use {available})"
+        )
+    return cpu_cores, list(draft_cpu_cores)
