@@ -23,6 +23,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import Engine
 from specdec.model import Transformer, resolve_dtype
 from specdec.outputs import RequestOutput, aggregate_metrics, to_output
+from specdec.platform import machine_cores, pin_cpu_cores
 from specdec.quantize import frequent_token_ids
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
@@ -37,33 +38,6 @@ def available_methods() -> tuple[str, ...]:
 
 
 DEFAULT_KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
-
-
-def machine_cores() -> list[int] | None:
-    """The CPUs this process could use when specdec was imported (pinning narrows it later)."""
-    return list(_MACHINE_CORES) if _MACHINE_CORES is not None else None
-
-
-_MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
-    """Pin this process to ``cores`` (one thread each) and set torch's and our thread count."""
-    if cores is not None:
-        cores = sorted(set(int(c) for c in cores))
-        if not cores:
-            raise ValueError("cpu_cores is empty")
-        try:
-            os.sched_setaffinity(0, cores)
-        except (OSError, AttributeError) as exc:
-            raise ValueError(f"cannot run on CPU cores {cores}: {exc}") from exc
-        num_threads = num_threads or len(cores)
-    n = num_threads or torch.get_num_threads()
-    if n < 1:
-        raise ValueError(f"num_threads must be >= 1, got {n}")
-    torch.set_num_threads(n)
-    ops.set_num_threads(n)
-    return n
 
 
 AUTO_DRAFT_VOCAB = 32768  # "auto" draft head: the 32K most frequent tokens of a large vocabulary

@@ -8,7 +8,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.ssd.client import WorkerHandle
 from specdec.ssd.drafter import BACKUPS, SSDDrafter
 from specdec.ssd.fanout import FANOUTS
-from specdec.ssd.worker import WorkerConfig
+from specdec.ssd.protocol import WorkerConfig
 
 DEFAULT_K = 4
 # measured best of B = 1, 2, 4 on a 2-core CPU with the AVX-512 kernels (README); with AVX2 only,
@@ -55,8 +55,10 @@ def build_ssd_decoder(llm, draft: dict, num_spec: int | None, opts: dict) -> Spe
     # the target's wait for the worker (misses), so it lengthens K where hits make drafts free
     controller = SpeculationController(k_max=k, fixed_k=num_spec, k_min=1, explore=(k, 1, 2))
     fallback = NgramDrafter(llm.target.config.vocab_size)
-    drafter = SSDDrafter(handle, k, budget, opts["fanout"], opts["backup"],
-                         llm.target.config.vocab_size, fallback, controller)  # fmt: skip
+    vocab = llm.target.config.vocab_size
+    drafter = SSDDrafter(
+        handle, k, budget, opts["fanout"], opts["backup"], vocab, fallback, controller
+    )
     return SSDDecoder(llm.target, llm.tokenizer.vocab_size, drafter, controller)
 
 
