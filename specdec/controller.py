@@ -1,6 +1,6 @@
 """Adaptive speculation length: pick K each round to maximize expected tokens per second.
 
-Cost model (Leviathan et al., 2023, section 3.4): with per-token acceptance rate alpha, a round that drafts K
+Cost model (Leviathan et al., 2023): with per-token acceptance rate alpha, a round that drafts K
 tokens yields E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs
 K * t_draft + t_verify(tokens in the pass) + t_other. We measure t_draft per drafted position,
 t_verify as a function of the number of tokens in the target pass (interpolated between the

@@ -41,7 +41,6 @@ class SequenceStats:
     draft_time: float = 0.0  # seconds of the rounds it took part in, by phase
     verify_time: float = 0.0
     decode_time: float = 0.0  # whole rounds (draft + verify + bookkeeping)
-    extra: dict = field(default_factory=dict)  # method-specific counters (e.g. "ssd")
     drafter: DrafterStats | None = None  # a drafter's own counters, with their metrics()
 
     def per_token_acceptance(self, prior: float = 0.0, prior_weight: float = 0.0) -> float:

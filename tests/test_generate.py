@@ -18,8 +18,10 @@ def hf_greedy(folder, prompt_ids: list[int], n: int) -> list[int]:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.generation_config.eos_token_id = None  # generate exactly n tokens, like ignore_eos
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                         do_sample=False, pad_token_id=0)  # fmt: skip
+    mask = torch.ones_like(ids)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0
+    )
     return out[0, ids.shape[1] :].tolist()
 
 
@@ -129,8 +131,8 @@ def test_stream_holds_back_partial_stop_strings(tiny_llm):
     p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     text = tiny_llm.generate(["w3 w4 w5"], p)[0].text
     stop = text.split()[5][:2] + "~never"  # a prefix of the stop string shows up, then diverges
-    streamed = "".join(tiny_llm.generate_stream("w3 w4 w5", SamplingParams(
-        temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])))  # fmt: skip
+    with_stop = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])
+    streamed = "".join(tiny_llm.generate_stream("w3 w4 w5", with_stop))
     assert streamed == text
 
 

@@ -20,8 +20,8 @@ def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
     model.generation_config.eos_token_id = None
     x = torch.tensor([ids])
     with torch.no_grad():  # an explicit mask: chat prompts contain the pad id (<|im_end|>)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                             do_sample=False)  # fmt: skip
+        mask = torch.ones_like(x)
+        out = model.generate(x, attention_mask=mask, max_new_tokens=n, do_sample=False)
     return out[0, len(ids) :].tolist()
 
 
@@ -44,11 +44,8 @@ def test_smollm2_speculative_methods_equal_ar(smollm2_path):
     ar = LLM(smollm2_path, dtype="float32")
     ids = [ar.chat_prompt(t) for t in prompts]
     want = [o.token_ids for o in ar.generate(ids, params)]
-    for kw in (
-        {"method": "ngram"},
-        {"method": "sd", "draft_model": smollm2_path, "draft_quantization": "int8",
-         "draft_vocab": 16384},
-    ):  # fmt: skip
+    int8_drafter = {"draft_quantization": "int8", "draft_vocab": 16384}
+    for kw in ({"method": "ngram"}, {"method": "sd", "draft_model": smollm2_path, **int8_drafter}):
         llm = LLM(smollm2_path, dtype="float32", **kw)
         assert [o.token_ids for o in llm.generate(ids, params)] == want, kw
 

@@ -23,8 +23,8 @@ def sd_llm(tiny_dirs):
 
 @pytest.fixture(scope="module")
 def sd_k3_llm(tiny_dirs):
-    return LLM(tiny_dirs["v16"], draft_model=tiny_dirs["v16_draft"], method="sd",
-               num_speculative_tokens=3, dtype="float32")  # fmt: skip
+    v16, draft = tiny_dirs["v16"], tiny_dirs["v16_draft"]
+    return LLM(v16, draft_model=draft, method="sd", num_speculative_tokens=3, dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +89,16 @@ def test_greedy_token_identical_to_ar(ar_llm, request, which):
     assert llm.metrics()["drafted_tokens"] > 0
 
 
+def self_draft(tiny_dirs, k: int, **kw) -> LLM:
+    """SD on the tiny llama (float32) with itself as the draft model, K = k."""
+    model = tiny_dirs["llama"]
+    return LLM(
+        model, draft_model=model, method="sd", num_speculative_tokens=k, dtype="float32", **kw
+    )
+
+
 def test_greedy_self_draft_accepts_everything(tiny_dirs, tiny_llm):
-    llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=4, dtype="float32", draft_quantization=None)  # fmt: skip
+    llm = self_draft(tiny_dirs, 4, draft_quantization=None)
     params = SamplingParams(temperature=0, max_tokens=31, ignore_eos=True)
     out = llm.generate(["w3 w4"], params)[0]
     assert out.token_ids == tiny_llm.generate(["w3 w4"], params)[0].token_ids
@@ -116,8 +123,7 @@ def test_batched_equals_single(request, which):
 
 
 def test_max_tokens_exact_when_many_are_accepted(tiny_dirs, tiny_llm):
-    llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=6, dtype="float32")  # fmt: skip
+    llm = self_draft(tiny_dirs, 6)
     for n in (1, 2, 5, 7, 13):
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         out = llm.generate(["w3"], params)[0]
@@ -128,10 +134,9 @@ def test_max_tokens_exact_when_many_are_accepted(tiny_dirs, tiny_llm):
 def test_stops_inside_an_accepted_run(tiny_dirs, tiny_llm):
     """Stop strings, stop tokens and EOS cut the output exactly where AR stops, even when the
     stopping token arrives in the middle of a run of accepted drafts."""
-    llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=6, dtype="float32")  # fmt: skip
-    full = tiny_llm.generate(["w3"], SamplingParams(temperature=0, max_tokens=20,
-                                                    ignore_eos=True))[0]  # fmt: skip
+    llm = self_draft(tiny_dirs, 6)
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    full = tiny_llm.generate(["w3"], greedy)[0]
     word = full.text.split()[4]
     tok = full.token_ids[4]
     for params in (
@@ -140,23 +145,22 @@ def test_stops_inside_an_accepted_run(tiny_dirs, tiny_llm):
     ):
         want = tiny_llm.generate(["w3"], params)[0]
         got = llm.generate(["w3"], params)[0]
-        assert (got.token_ids, got.text, got.finish_reason) == (
-            want.token_ids, want.text, want.finish_reason)  # fmt: skip
+        got_end = (got.token_ids, got.text, got.finish_reason)
+        assert got_end == (want.token_ids, want.text, want.finish_reason)
         assert got.finish_reason == "stop"
 
 
 def test_eos_inside_an_accepted_run(tiny_dirs):
     """Sampled with a seed and a fixed K, EOS ends the output in SD as in AR, and nothing
     after it is kept; with ignore_eos the EOS token is kept."""
-    llm = LLM(tiny_dirs["llama"], draft_model=tiny_dirs["llama"], method="sd",
-              num_speculative_tokens=4, dtype="float32", draft_quantization=None)  # fmt: skip
+    llm = self_draft(tiny_dirs, 4, draft_quantization=None)
     eos = llm.eos_token_ids[0]
     params = [SamplingParams(temperature=1.5, max_tokens=20, seed=s) for s in range(200)]
     outs = llm.generate(["w3"] * 200, params)
     stopped = [o for o in outs if o.finish_reason == "stop"]
     assert stopped and all(eos not in o.token_ids for o in stopped)
-    kept = llm.generate(["w3"] * 50, SamplingParams(temperature=1.5, max_tokens=20,
-                                                    ignore_eos=True))  # fmt: skip
+    kept_params = SamplingParams(temperature=1.5, max_tokens=20, ignore_eos=True)
+    kept = llm.generate(["w3"] * 50, kept_params)
     assert all(len(o.token_ids) == 20 for o in kept)
     assert any(eos in o.token_ids for o in kept)
 
@@ -179,8 +183,8 @@ def test_draft_with_a_different_tokenizer_is_refused(tiny_dirs, tmp_path):
 def test_draft_with_padded_vocabulary_is_fine(tiny_dirs, tiny_llm, tmp_path):
     from tiny_models import build
 
-    padded = build(tmp_path / "padded", "llama", seed=11, hidden=32, layers=1, heads=2,
-                   kv_heads=1, vocab_size=48)  # fmt: skip
+    shape = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "vocab_size": 48}
+    padded = build(tmp_path / "padded", "llama", seed=11, **shape)
     from tiny_models import write_tokenizer
 
     write_tokenizer(padded, 32)  # same 32-token tokenizer, 16 padding rows in the model

@@ -5,9 +5,11 @@ cache's keys, fan-out plans, and fault tolerance (a SIGKILLed worker)."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -15,16 +17,37 @@ from stats import chi_square_pvalue, exact_sequence_probs, seeded
 
 from specdec import LLM, SamplingParams
 from specdec.sampling import SamplingParams as SP
+from specdec.ssd.cache import Speculation
 from specdec.ssd.fanout import plan_fanout
-from specdec.ssd.worker import DraftWorker, WorkerConfig
+from specdec.ssd.protocol import (
+    MESSAGES,
+    Draft,
+    Drafts,
+    DraftSeq,
+    Message,
+    Outcome,
+    OutcomeSeq,
+    Prefill,
+    PrefillSeq,
+    Ready,
+    Release,
+    Resize,
+    Resized,
+    Round,
+    RoundSeq,
+    StartFailed,
+    Stop,
+    WorkerConfig,
+)
+from specdec.ssd.worker import DraftWorker
 
 PROMPTS = ["w3 w4 w5", "w10 w11 w10 w11", "w7", "w1 w2 w3 w4 w5 w6 w7 w8"]
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
 
 def workers_of_this_process() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if "specdec.ssd.worker" in " ".join(p.cmdline())]  # fmt: skip
+    children = psutil.Process().children(recursive=True)
+    return [p for p in children if "specdec.ssd.worker" in " ".join(p.cmdline())]
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +130,8 @@ N = 2000
 def test_sampled_ssd_follows_target_distribution(tiny_dirs, kw):
     params = SamplingParams(temperature=1.0, max_tokens=LENGTH)
     # K = 1 so that 4 tokens take several rounds: speculation-cache lookups really happen
-    with ssd(tiny_dirs, draft_model=tiny_dirs["v16_draft"], draft_vocab=None,
-             num_speculative_tokens=1, **kw) as llm:  # fmt: skip
+    draft = {"draft_model": tiny_dirs["v16_draft"], "draft_vocab": None}
+    with ssd(tiny_dirs, num_speculative_tokens=1, **draft, **kw) as llm:
         prompt = llm.tokenizer.encode("w3 w4 w5 w3 w4")
         outs = llm.generate([prompt] * N, seeded(params, N))
         eos = llm.eos_token_ids[0]
@@ -126,57 +149,83 @@ def test_sampled_ssd_follows_target_distribution(tiny_dirs, kw):
 @pytest.fixture(scope="module")
 def local_worker(tiny_dirs):
     """The worker's logic in this process (no subprocess): for looking inside its cache."""
-    cfg = WorkerConfig(
-        draft_path=str(tiny_dirs["v16_draft"]), dtype="float32", device="cpu", quantization=None,
-        head_ids=None, tokenizer_vocab=16, target_vocab=16, max_rows=2, max_len=64, k=3,
-        budget=6, saguaro_c=1.0, sparse_q=8, cpu_cores=None, num_threads=None, host="", port=0,
-    )  # fmt: skip
-    return DraftWorker(cfg)
+    return DraftWorker(worker_config(str(tiny_dirs["v16_draft"])))
+
+
+def worker_config(draft_path: str) -> WorkerConfig:
+    return WorkerConfig(
+        draft_path=draft_path,
+        dtype="float32",
+        device="cpu",
+        quantization=None,
+        head_ids=None,
+        tokenizer_vocab=16,
+        target_vocab=16,
+        max_rows=2,
+        max_len=64,
+        k=3,
+        budget=6,
+        saguaro_c=1.0,
+        sparse_q=8,
+        cpu_cores=None,
+        num_threads=None,
+        host="",
+        port=0,
+    )
+
+
+def prefill(w: DraftWorker, sid: str, tokens: list[int]) -> None:
+    """A greedy sequence of ``tokens`` (all but its pending token) in the worker."""
+    w.prefill(Prefill([PrefillSeq(sid, tokens, temperature=0.0, top_k=0, top_p=1.0, seed=0)]))
+
+
+def round_(w: DraftWorker, sid: str, start: int, trunk: list[int], fanout: list[int]) -> None:
+    w.round(Round(depth=3, seqs=[RoundSeq(sid, start, [], trunk, fanout)]))
+
+
+def outcome(w: DraftWorker, sid: str, accepted: int, token: int, backup: bool):
+    return w.outcome(Outcome(depth=3, backup=backup, seqs=[OutcomeSeq(sid, accepted, token)]))
 
 
 def test_rejected_token_never_hits_and_known_outcomes_hit(local_worker):
     w = local_worker
-    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
-    w.prefill({"seqs": [{"sid": "a", "tokens": [3, 4, 5, 6], "params": params, "seed": 0}]})
+    prefill(w, "a", [3, 4, 5, 6])
     trunk = [7, 8, 9, 10]  # b_prev, d_1..d_3
     fan = [2, 2, 1, 1]
-    w.round({"seqs": [{"sid": "a", "start": 4, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    round_(w, "a", 4, trunk, fan)
     keys = w.seqs["a"].specs.outcomes()
     assert len(keys) == sum(fan)
     for k, tok in keys:
         if k + 1 < len(trunk):
             assert tok != trunk[k + 1], "a rejected draft can never be the replacement"
     k, tok = keys[0]
-    reply = w.outcome({"backup": False, "seqs": [{"sid": "a", "k": k, "token": tok}]})
-    assert reply["hits"] == [True] and len(reply["specs"][0].tokens) == 3
+    reply = outcome(w, "a", k, tok, backup=False)
+    assert reply.hits == [True] and len(reply.specs[0].tokens) == 3
     # the cache holds b_prev and the k accepted drafts, then ahead of them the emitted token
     # (pending) and the drafts the speculation was drafted through
     st = w.seqs["a"]
-    assert st.ahead_pos == 4 + 1 + k and st.ahead == [tok] + reply["specs"][0].tokens[:2]
-    assert st.length == st.ahead_pos + 3
-    w.round({"seqs": [{"sid": "a", "start": 4 + 1 + k, "catch_up": [],
-                       "trunk": [tok] + reply["specs"][0].tokens, "fanout": fan}]})  # fmt: skip
+    assert st.ahead.start == 4 + 1 + k and st.ahead.tokens == [tok] + reply.specs[0].tokens[:2]
+    assert st.length == st.ahead.start + 3
+    round_(w, "a", 4 + 1 + k, [tok] + reply.specs[0].tokens, fan)
     rejected = (0, w.seqs["a"].trunk[1])  # "0 accepted, then d_1" cannot happen
-    reply = w.outcome({"backup": False, "seqs": [{"sid": "a", "k": rejected[0],
-                                                  "token": rejected[1]}]})  # fmt: skip
-    assert reply["hits"] == [False] and reply["specs"] == [None]
-    w.release({"sids": ["a"]})
+    reply = outcome(w, "a", *rejected, backup=False)
+    assert reply.hits == [False] and reply.specs == [None]
+    w.release(Release(["a"]))
 
 
 def test_tree_drafts_equal_separate_drafting(local_worker):
     """Each branch drafted in the shared tree equals drafting that branch on its own."""
     w = local_worker
-    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
     prompt, trunk, fan = [3, 4, 5], [6, 7, 8, 9], [1, 1, 1, 2]
-    w.prefill({"seqs": [{"sid": "t", "tokens": prompt, "params": params, "seed": 0}]})
-    w.round({"seqs": [{"sid": "t", "start": 3, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    prefill(w, "t", prompt)
+    round_(w, "t", 3, trunk, fan)
     specs = {key: w.seqs["t"].specs.lookup(*key) for key in w.seqs["t"].specs.outcomes()}
-    w.release({"sids": ["t"]})
+    w.release(Release(["t"]))
     for (k, tok), spec in specs.items():
-        w.prefill({"seqs": [{"sid": "s", "tokens": prompt, "params": params, "seed": 0}]})
-        alone = w.draft({"seqs": [{"sid": "s", "start": 3, "catch_up": trunk[: k + 1] + [tok]}]})
-        assert alone["specs"][0].tokens == spec.tokens
-        w.release({"sids": ["s"]})
+        prefill(w, "s", prompt)
+        alone = w.draft(Draft(depth=3, seqs=[DraftSeq("s", 3, trunk[: k + 1] + [tok])]))
+        assert alone.specs[0].tokens == spec.tokens
+        w.release(Release(["s"]))
 
 
 @pytest.mark.parametrize("hit", [True, False])
@@ -186,25 +235,23 @@ def test_trunk_reusing_held_drafts_equals_a_fresh_trunk(local_worker, hit):
     runs only the trunk's last token, prepares the same speculations as a worker that runs
     the whole trunk."""
     w = local_worker
-    params = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_tokens": 100}
     prompt, trunk, fan = [3, 4, 5, 6], [7, 8, 9, 10], [2, 2, 1, 1]
-    w.prefill({"seqs": [{"sid": "a", "tokens": prompt, "params": params, "seed": 0}]})
-    w.round({"seqs": [{"sid": "a", "start": 4, "catch_up": [], "trunk": trunk, "fanout": fan}]})
+    prefill(w, "a", prompt)
+    round_(w, "a", 4, trunk, fan)
     k, tok = w.seqs["a"].specs.outcomes()[0] if hit else (1, 15)
-    reply = w.outcome({"backup": True, "seqs": [{"sid": "a", "k": k, "token": tok}]})
-    assert reply["hits"] == [hit]
-    spec = reply["specs"][0].tokens
+    reply = outcome(w, "a", k, tok, backup=True)
+    assert reply.hits == [hit]
+    spec = reply.specs[0].tokens
     start = len(prompt) + 1 + k
-    nxt = {"start": start, "catch_up": [], "trunk": [tok] + spec, "fanout": fan}
-    assert w._held(w.seqs["a"], nxt) == 3  # the pending token, d_1, d_2: only d_3 runs
-    w.round({"seqs": [{"sid": "a", **nxt}]})
+    # the pending token, d_1, d_2: only d_3 runs
+    assert w.seqs["a"].held_trunk(start, [], [tok] + spec) == 3
+    round_(w, "a", start, [tok] + spec, fan)
     held = {key: w.seqs["a"].specs.lookup(*key).tokens for key in w.seqs["a"].specs.outcomes()}
-    w.prefill({"seqs": [{"sid": "b", "tokens": prompt + trunk[: k + 1], "params": params,
-                         "seed": 0}]})  # fmt: skip
-    w.round({"seqs": [{"sid": "b", **nxt}]})
+    prefill(w, "b", prompt + trunk[: k + 1])
+    round_(w, "b", start, [tok] + spec, fan)
     fresh = {key: w.seqs["b"].specs.lookup(*key).tokens for key in w.seqs["b"].specs.outcomes()}
     assert held == fresh and len(held) == sum(fan)
-    w.release({"sids": ["a", "b"]})
+    w.release(Release(["a", "b"]))
 
 
 def test_fanout_plans():
@@ -215,6 +262,64 @@ def test_fanout_plans():
     assert plan_fanout(1, 4, alpha=0.2, kind="geometric")[4] == 1  # all-accepted always covered
     with pytest.raises(ValueError, match="fanout"):
         plan_fanout(4, 2, 0.5, kind="wide")
+
+
+# -- the wire protocol ---------------------------------------------------------------------------
+def example_messages() -> list[Message]:
+    spec = Speculation(
+        [5, 6], np.array([[5, 1], [6, 0]], dtype=np.int64), np.array([[0.75, 0.25], [1.0, 0.0]])
+    )
+    return [
+        Prefill([PrefillSeq("a", [1, 2], 0.7, 4, 0.9, seed=11, fanout=[2, 1])]),
+        Prefill([PrefillSeq("b", [3], 0.0, 0, 1.0, seed=0)]),
+        Round(3, [RoundSeq("a", 2, [9], [4, 5, 6, 7], [2, 1, 1, 1])]),
+        Outcome(3, True, [OutcomeSeq("a", 2, 8), OutcomeSeq("b", 0, 3)]),
+        Draft(2, [DraftSeq("b", 1, [3, 4])]),
+        Release(["a", "b"]),
+        Resize(4, 512),
+        Stop(),
+        Ready(),
+        StartFailed("could not load the draft model: no such file"),
+        Drafts([spec, None], [True, False], busy_s=1.5),
+        Resized(busy_s=2.0),
+    ]
+
+
+def same_wire(a, b) -> bool:
+    """Equal wire forms: same plain values, numpy arrays equal in dtype and contents."""
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(same_wire(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_wire, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_every_message_round_trips_through_its_wire_form():
+    examples = example_messages()
+    assert {type(m) for m in examples} == set(MESSAGES.values()), "an example of every type"
+    for msg in examples:
+        wire = msg.to_wire()
+        data = pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)
+        assert b"specdec" not in data, f"{msg.op}: the wire form must be plain data"
+        back = Message.from_wire(pickle.loads(data))
+        assert type(back) is type(msg) and same_wire(back.to_wire(), wire)
+        if not isinstance(msg, Drafts):  # (a Speculation's arrays do not compare with ==)
+            assert back == msg
+    drafts = Message.from_wire(examples[-2].to_wire())
+    assert isinstance(drafts.specs[0], Speculation) and drafts.specs[1] is None
+    assert drafts.specs[0].tokens == [5, 6] and drafts.specs[0].q_probs[0, 1] == 0.25
+    with pytest.raises(ValueError, match="unknown SSD message 'hello'"):
+        Message.from_wire({"op": "hello"})
+
+
+def test_worker_config_round_trips_through_json(tiny_dirs):
+    cfg = worker_config(str(tiny_dirs["v16_draft"]))
+    cfg.cpu_cores, cfg.head_ids = [1], [0, 2, 5]
+    assert WorkerConfig.from_json(cfg.to_json()) == cfg
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -281,8 +386,12 @@ def test_close_leaves_no_process_behind(tiny_dirs):
 
 
 def test_bad_ssd_options(tiny_dirs):
-    for kw, msg in [({"saguaro_c": 0.0}, "saguaro_c"), ({"speculation_budget": 0}, "budget"),
-                    ({"fanout": "wide"}, "fanout"), ({"backup": "maybe"}, "backup")]:  # fmt: skip
+    for kw, msg in [
+        ({"saguaro_c": 0.0}, "saguaro_c"),
+        ({"speculation_budget": 0}, "budget"),
+        ({"fanout": "wide"}, "fanout"),
+        ({"backup": "maybe"}, "backup"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             ssd(tiny_dirs, **kw)
     assert workers_of_this_process() == []

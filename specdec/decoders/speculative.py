@@ -120,7 +120,7 @@ class SpeculativeDecoder(Decoder):
                     break
         # a parallel drafter may make the target wait here for next round's drafts (SSD's
         # just-in-time backup on a miss): drafting time, as the controller must see it
-        wait_s = self.drafter.accept(seqs, prev_lengths, n_acc, nxt) or 0.0
+        wait_s = self.drafter.accept_outcome(seqs, prev_lengths, n_acc, nxt)
         timer.phase("draft", wait_s)
         draft_s += wait_s
         total = timer.done()

@@ -45,17 +45,18 @@ class Drafter:
     def on_verify_start(self, seqs: list[Sequence], proposal: Proposal) -> None:
         """The target is about to verify ``proposal`` (a parallel drafter starts work now)."""
 
-    def accept(
+    def accept_outcome(
         self,
         seqs: list[Sequence],
         prev_lengths: list[int],
         num_accepted: list[int],
         next_tokens: list[int],
-    ) -> float | None:
+    ) -> float:
         """After verification: sequence b had prev_lengths[b] tokens before the round, then
         took num_accepted[b] of the drafts and the target's next_tokens[b]. Returns the
-        seconds spent waiting for next round's drafts here (SSD's outcome lookup and
-        just-in-time backup), which count as draft time, or None."""
+        seconds the target waited here for next round's drafts (SSD's outcome lookup and
+        just-in-time backup), which count as draft time."""
+        return 0.0
 
     def close(self) -> None:
         """Release processes or other resources."""

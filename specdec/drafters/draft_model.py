@@ -2,7 +2,8 @@
 
 Its cache lags the sequence: before drafting it catches up on every token it has not seen
 (the pending token, and after a fully accepted round the last draft too), then drafts K tokens
-one pass each. After verification it rolls back to the part of the sequence it got right.
+one pass each (``draft_loop``). After verification it rolls back to the part of the sequence it
+got right.
 The draft distribution q comes from the same sampling transform as the target's p.
 """
 
@@ -12,6 +13,7 @@ import torch
 
 from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.draft_loop import draft_tokens
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.quantize import expand_logits, restrict_head
@@ -86,8 +88,8 @@ class DraftModelDrafter(Drafter):
     def after_prefill(self, seqs: list[Sequence]) -> None:
         """Prefill the draft on the prompts now, so the first round only catches up one token."""
         tokens, lengths = pad_right([s.prompt_ids for s in seqs])
-        self.model.forward(tokens, self.cache, self._rows(seqs), num_new=lengths,
-                           logits_at=(lengths - 1)[:, None])  # fmt: skip
+        last = (lengths - 1)[:, None]
+        self.model.forward(tokens, self.cache, self._rows(seqs), num_new=lengths, logits_at=last)
         for s in seqs:
             self._len[s.request_id] = len(s.prompt_ids)
 
@@ -115,20 +117,26 @@ class DraftModelDrafter(Drafter):
         if kmax == 0:
             return Proposal(tokens, torch.zeros(bsz, dtype=torch.int64), q)
         catch_up, lengths = pad_right([s.all_ids[self._len[s.request_id] :] for s in seqs])
-        logits = self.model.forward(catch_up, self.cache, rows, num_new=lengths,
-                                    logits_at=(lengths - 1)[:, None])[:, 0]  # fmt: skip
-        for i in range(kmax):
+        last = (lengths - 1)[:, None]
+        logits = self.model.forward(catch_up, self.cache, rows, num_new=lengths, logits_at=last)
+
+        def draw(logits: torch.Tensor, i: int) -> torch.Tensor:
             q[:, i] = self._distribution(logits, seqs)
             tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks])
-            if i + 1 < kmax:
-                logits = self.model.forward(tokens[:, i : i + 1], self.cache, rows)[:, 0]
+            return tokens[:, i]
+
+        def advance(drawn: torch.Tensor, i: int) -> torch.Tensor:
+            return self.model.forward(drawn[:, None], self.cache, rows)[:, 0]
+
+        draft_tokens(logits[:, 0], kmax, draw, advance)
         for s, n in zip(seqs, lengths.tolist()):
             self._len[s.request_id] += n + kmax - 1
         return Proposal(tokens, torch.tensor(ks, dtype=torch.int64), q)
 
-    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> None:
+    def accept_outcome(self, seqs, prev_lengths, num_accepted, next_tokens) -> float:
         for s, prev, n in zip(seqs, prev_lengths, num_accepted):
             rid = s.request_id
             good = min(self._len[rid], prev + n)  # pending token + accepted drafts it has seen
             self._len[rid] = good
             self.cache.rollback(self._row[rid], good)
+        return 0.0

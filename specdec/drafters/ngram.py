@@ -33,8 +33,9 @@ class NgramDrafter(Drafter):
         self.n_max, self.n_min = n_max, n_min
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
-        drafts = [lookup(s.all_ids, k, self.n_max, self.n_min) if k else [] for s, k in
-                  zip(seqs, ks)]  # fmt: skip
+        drafts = [
+            lookup(s.all_ids, k, self.n_max, self.n_min) if k else [] for s, k in zip(seqs, ks)
+        ]
         kmax = max((len(d) for d in drafts), default=0)
         tokens = torch.zeros(len(seqs), kmax, dtype=torch.int64)
         for i, d in enumerate(drafts):

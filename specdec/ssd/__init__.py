@@ -7,7 +7,9 @@ guess costs no drafting time on the target's critical path.
   fanout.py   how many candidate tokens to prepare after each k (the budget B split up)
   tree.py     positions and attention masks for drafting all branches in one cache row
   cache.py    the outcome-keyed speculation cache
-  channel.py  messages between the two processes over torch.distributed (gloo)
+  protocol.py the worker's configuration and every message between the two processes
+  channel.py  carrying messages between the processes over torch.distributed (gloo)
+  state.py    the worker's state for one sequence (speculations, slots, tokens held ahead)
   worker.py   the drafter process: trunk pass, tree drafting, lookups, backup drafting
   client.py   the target's side: owns the worker process (start, watch, restart, stop)
   drafter.py  the Drafter the speculative round talks to

@@ -14,7 +14,7 @@ class Speculation:
 
     tokens: list[int]
     q_ids: np.ndarray  # [K, N] int64
-    q_probs: np.ndarray  # [K, N] float32
+    q_probs: np.ndarray  # [K, N] float64
 
 
 class SpeculationCache:

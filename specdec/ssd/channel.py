@@ -2,9 +2,9 @@
 
 Each process holds its own standalone gloo process group (TCPStore rendezvous on loopback or
 another host), so several engines can live in one process and a failed peer is dropped by
-dropping the group. A message is a pickled Python object (small: token lists and sparse
-probabilities) sent as a length header and a byte tensor. Every receive has a timeout, and
-a closed or silent peer raises ChannelError instead of hanging.
+dropping the group. A message (``protocol.py``) travels as its pickled wire form (small: token
+lists and sparse probabilities), a length header and a byte tensor. Every receive has a
+timeout, and a closed or silent peer raises ChannelError instead of hanging.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from datetime import timedelta
 
 import torch
 from torch.distributed import ProcessGroupGloo, TCPStore
+
+from specdec.ssd.protocol import Message
 
 
 class ChannelError(RuntimeError):
@@ -39,8 +41,8 @@ class Channel:
     @classmethod
     def listen(cls, timeout_s: float, host: str = "127.0.0.1") -> tuple[TCPStore, int]:
         """The target's side of the rendezvous: a store on a free port (the worker gets it)."""
-        store = TCPStore(host, 0, 2, True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)  # fmt: skip
+        timeout = timedelta(seconds=timeout_s)
+        store = TCPStore(host, 0, 2, True, timeout=timeout, wait_for_workers=False)
         return store, store.port
 
     @classmethod
@@ -49,8 +51,8 @@ class Channel:
         store = TCPStore(host, port, 2, False, timeout=timedelta(seconds=connect_timeout_s))
         return cls(store, 1, None)
 
-    def send(self, obj) -> None:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    def send(self, msg: Message) -> None:
+        data = pickle.dumps(msg.to_wire(), protocol=pickle.HIGHEST_PROTOCOL)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         header = torch.tensor([len(data)], dtype=torch.int64)
         try:
@@ -60,7 +62,7 @@ class Channel:
             raise ChannelError(f"send failed: {exc}") from exc
         self.bytes_sent += len(data)
 
-    def recv(self, timeout_s: float | None = None):
+    def recv(self, timeout_s: float | None = None) -> Message:
         timeout = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
         header = torch.zeros(1, dtype=torch.int64)
         try:
@@ -69,4 +71,4 @@ class Channel:
             self.group.recv([payload], self.peer, 1).wait(timeout)
         except RuntimeError as exc:
             raise ChannelError(f"receive failed: {exc}") from exc
-        return pickle.loads(payload.numpy().tobytes())
+        return Message.from_wire(pickle.loads(payload.numpy().tobytes()))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import subprocess
@@ -16,14 +15,15 @@ import threading
 import time
 
 from specdec.ssd.channel import Channel, ChannelError
-from specdec.ssd.worker import WorkerConfig
+from specdec.ssd.protocol import Message, Ready, StartFailed, Stop, WorkerConfig
 
 log = logging.getLogger("specdec.ssd")
 
 
 class WorkerHandle:
-    def __init__(self, config: WorkerConfig, reply_timeout_s: float = 30.0,
-                 start_timeout_s: float = 180.0):  # fmt: skip
+    def __init__(
+        self, config: WorkerConfig, reply_timeout_s: float = 30.0, start_timeout_s: float = 180.0
+    ):
         self.config = config
         self.reply_timeout_s = reply_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -65,11 +65,10 @@ class WorkerHandle:
     def _start(self) -> None:
         store, port = Channel.listen(self.start_timeout_s, self.config.host)
         cfg = dataclasses.replace(self.config, port=port, parent_pid=os.getpid())
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.ssd.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        proc.stdin.write(json.dumps(dataclasses.asdict(cfg)).encode())
+        command = [sys.executable, "-m", "specdec.ssd.worker"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        proc.stdin.write(cfg.to_json().encode())
         proc.stdin.close()
         self.proc = proc
         t0 = time.perf_counter()
@@ -79,9 +78,10 @@ class WorkerHandle:
         except ChannelError as exc:
             self._kill(proc)
             raise ChannelError(f"the SSD drafter did not start: {exc}") from None
-        if ready.get("op") != "ready":
+        if not isinstance(ready, Ready):
             self._kill(proc)
-            raise ChannelError(f"the SSD drafter did not start: {ready.get('message', ready)}")
+            why = ready.message if isinstance(ready, StartFailed) else f"it sent {ready.op!r}"
+            raise ChannelError(f"the SSD drafter did not start: {why}")
         with self._lock:
             if self._closed:
                 self._kill(proc)
@@ -140,7 +140,7 @@ class WorkerHandle:
             starting = self._starting
         if channel is not None:
             with contextlib.suppress(ChannelError):
-                channel.send({"op": "stop"})
+                channel.send(Stop())
         if proc is not None:
             try:
                 proc.wait(timeout=5)
@@ -154,7 +154,7 @@ class WorkerHandle:
                 self._kill(proc)
 
     # -- messages ----------------------------------------------------------------------------
-    def notify(self, msg: dict) -> None:
+    def notify(self, msg: Message) -> None:
         """Send without waiting for a reply."""
         channel = self.channel
         if channel is None:
@@ -165,13 +165,13 @@ class WorkerHandle:
             self.fail(str(exc))
             raise
 
-    def request(self, msg: dict) -> dict:
+    def request(self, msg: Message) -> Message:
         """Send and wait for the reply (at most reply_timeout_s)."""
         self.notify(msg)
         try:
             return self.channel.recv()
         except (ChannelError, AttributeError) as exc:
-            self.fail(f"no reply to {msg['op']!r}: {exc}")
+            self.fail(f"no reply to {msg.op!r}: {exc}")
             raise ChannelError(str(exc)) from exc
 
     @property

@@ -6,7 +6,8 @@
                    when one miss would stall many sequences)
   on_verify_start  tell the worker the round's trunk: it drafts next round's speculations for
                    the likely outcomes while the target verifies
-  accept           send the outcome (k accepted, token), receive next round's speculation
+  accept_outcome   send the outcome (k accepted, token), receive next round's speculation;
+                   returns how long the target waited for it
 
 If the worker dies or stops answering, every sequence continues on the target alone with prompt
 lookup drafting (no token is lost, duplicated or changed: speculations only propose), the
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.controller import SpeculationController, expected_tokens
+from specdec.config import BACKUPS
+from specdec.controller import SpeculationController
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.ngram import NgramDrafter
 from specdec.sequence import Sequence
@@ -28,8 +30,20 @@ from specdec.ssd.cache import Speculation
 from specdec.ssd.channel import ChannelError
 from specdec.ssd.client import WorkerHandle
 from specdec.ssd.fanout import plan_fanout
-
-BACKUPS = ("neural", "fast", "auto")
+from specdec.ssd.protocol import (
+    Draft,
+    Drafts,
+    DraftSeq,
+    Outcome,
+    OutcomeSeq,
+    Prefill,
+    PrefillSeq,
+    Release,
+    Resize,
+    Round,
+    RoundSeq,
+)
+from specdec.ssd.stats import SSDCounters
 
 
 @dataclass
@@ -39,13 +53,7 @@ class _State:
     ready: Speculation | None = None  # speculation for this round, from last round's outcome
     ready_for: int = -1  # the sequence length (pending token included) it continues
     in_round: bool = False
-    stats: dict = field(default_factory=dict)
-
-
-def _stats() -> dict:
-    return {"hits": 0, "lookups": 0, "hits_by_k": {}, "lookups_by_k": {}, "idle_s": 0.0,
-            "backup_rounds": 0, "fallback_rounds": 0, "backup_s": 0.0, "worker_busy_s": 0.0,
-            "failures": 0}  # fmt: skip
+    stats: SSDCounters = field(default_factory=SSDCounters)
 
 
 class SSDDrafter(Drafter):
@@ -77,14 +85,14 @@ class SSDDrafter(Drafter):
 
     # -- bookkeeping -------------------------------------------------------------------------
     def allocate(self, seq: Sequence) -> None:
-        self.states[seq.request_id] = _State(stats=_stats())
-        seq.stats.extra["ssd"] = self.states[seq.request_id].stats
+        self.states[seq.request_id] = _State()
+        seq.stats.drafter = self.states[seq.request_id].stats
 
     def release(self, seq: Sequence) -> None:
         st = self.states.pop(seq.request_id, None)
         if st is not None and st.generation == self.handle.generation and self.handle.up:
             try:
-                self.handle.notify({"op": "release", "sids": [seq.request_id]})
+                self.handle.notify(Release([seq.request_id]))
             except ChannelError:
                 self._lost("release")
 
@@ -99,8 +107,7 @@ class SSDDrafter(Drafter):
         cfg.max_rows, cfg.max_len = max(rows, cfg.max_rows), max(max_len, cfg.max_len)
         if self.handle.up:  # a restart would also pick the new size up from the config
             try:
-                self.handle.request({"op": "capacity", "rows": cfg.max_rows,
-                                     "max_len": cfg.max_len})  # fmt: skip
+                self.handle.request(Resize(cfg.max_rows, cfg.max_len))
             except ChannelError:
                 self._lost("resize")
 
@@ -108,12 +115,7 @@ class SSDDrafter(Drafter):
         self.events.append(f"worker lost during {where}")
         for st in self.states.values():
             st.ready, st.in_round, st.generation = None, False, -1
-            st.stats["failures"] += 1
-
-    def _params(self, seq: Sequence) -> dict:
-        p = seq.params
-        return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-                "max_tokens": 1 << 30}  # fmt: skip
+            st.stats.failures += 1
 
     def depth(self) -> int:
         """How many tokens the worker drafts per speculation: the controller's latest K (its
@@ -125,8 +127,8 @@ class SSDDrafter(Drafter):
         return self.k if chosen is None else min(self.k, max(1, chosen))
 
     def _plan(self, seq: Sequence, k_eff: int) -> list[int]:
-        return plan_fanout(self.budget, k_eff, self.controller.alpha(seq), self.fanout,
-                           self.fanout_r)  # fmt: skip
+        alpha = self.controller.alpha(seq)
+        return plan_fanout(self.budget, k_eff, alpha, self.fanout, self.fanout_r)
 
     def _sync(self, seqs: list[Sequence]) -> None:
         """Give a (re)started worker the sequences it does not hold yet."""
@@ -136,11 +138,8 @@ class SSDDrafter(Drafter):
             return
         # everything but the pending token (right after the target's prefill: the prompt)
         cached = {s.request_id: s.all_ids[:-1] if s.output_ids else s.all_ids for s in todo}
-        msg = {"op": "prefill", "seqs": [
-            {"sid": s.request_id, "tokens": cached[s.request_id], "params": self._params(s),
-             "seed": s.rng.seed, "fanout": self._plan(s, self.k)} for s in todo]}  # fmt: skip
         try:
-            self.handle.notify(msg)
+            self.handle.notify(Prefill([self._prefill_item(s, cached[s.request_id]) for s in todo]))
         except ChannelError:
             self._lost("prefill")
             return
@@ -148,6 +147,18 @@ class SSDDrafter(Drafter):
             st = self.states[s.request_id]
             st.generation, st.worker_len = gen, len(cached[s.request_id])
             st.ready = None
+
+    def _prefill_item(self, seq: Sequence, tokens: list[int]) -> PrefillSeq:
+        p = seq.params
+        return PrefillSeq(
+            sid=seq.request_id,
+            tokens=tokens,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            seed=seq.rng.seed,
+            fanout=self._plan(seq, self.k),
+        )
 
     def after_prefill(self, seqs: list[Sequence]) -> None:
         self._sync(seqs)
@@ -185,19 +196,18 @@ class SSDDrafter(Drafter):
 
     def _hit_rate(self) -> float:
         """Running hit rate over all sequences, with a prior of 0.7 worth 8 lookups."""
-        hits = sum(st.stats["hits"] for st in self.states.values())
-        looks = sum(st.stats["lookups"] for st in self.states.values())
+        hits = sum(st.stats.hits for st in self.states.values())
+        looks = sum(st.stats.lookups for st in self.states.values())
         return (hits + 0.7 * 8) / (looks + 8)
 
     def _draft_now(self, seqs: list[Sequence]) -> list[Speculation | None]:
         items = []
         for s in seqs:
-            st = self.states[s.request_id]
-            items.append({"sid": s.request_id, "start": st.worker_len,
-                          "catch_up": s.all_ids[st.worker_len :]})  # fmt: skip
+            start = self.states[s.request_id].worker_len
+            items.append(DraftSeq(s.request_id, start, s.all_ids[start:]))
         t = time.perf_counter()
         try:
-            reply = self.handle.request({"op": "draft", "k": self.depth(), "seqs": items})
+            reply: Drafts = self.handle.request(Draft(self.depth(), items))
         except ChannelError:
             self._lost("draft")
             return [None] * len(seqs)
@@ -205,9 +215,9 @@ class SSDDrafter(Drafter):
         for s in seqs:
             st = self.states[s.request_id]
             st.worker_len = s.num_tokens - 1
-            st.stats["idle_s"] += wait
+            st.stats.idle_s += wait
         self._note_busy(reply, seqs)
-        return reply["specs"]
+        return reply.specs
 
     def _assemble(self, seqs, ks, specs) -> Proposal:
         bsz = len(seqs)
@@ -215,8 +225,9 @@ class SSDDrafter(Drafter):
         fallback_rows = [i for i, sp in enumerate(specs) if sp is None and ks[i] > 0]
         fb = None
         if fallback_rows:
-            fb = self.fallback.propose([seqs[i] for i in fallback_rows],
-                                       [ks[i] for i in fallback_rows])  # fmt: skip
+            fb = self.fallback.propose(
+                [seqs[i] for i in fallback_rows], [ks[i] for i in fallback_rows]
+            )
         kmax = max(ks)
         tokens = torch.zeros(bsz, kmax, dtype=torch.int64)
         q = torch.zeros(bsz, kmax, self.vocab)
@@ -252,94 +263,53 @@ class SSDDrafter(Drafter):
                 continue
             kb = int(proposal.k[i])
             b_prev = s.num_tokens - 1
-            items.append({
-                "sid": s.request_id, "start": st.worker_len,
-                "catch_up": s.all_ids[st.worker_len : b_prev],
-                "trunk": [s.all_ids[b_prev]] + proposal.tokens[i, :kb].tolist(),
-                "fanout": self._plan(s, kb),
-            })  # fmt: skip
+            catch_up = s.all_ids[st.worker_len : b_prev]
+            trunk = [s.all_ids[b_prev]] + proposal.tokens[i, :kb].tolist()
+            items.append(RoundSeq(s.request_id, st.worker_len, catch_up, trunk, self._plan(s, kb)))
             members.append(st)
         if not items:
             return
         try:
-            self.handle.notify({"op": "round", "k": self.depth(), "seqs": items})
+            self.handle.notify(Round(self.depth(), items))
         except ChannelError:
             self._lost("round")
             return
         for st in members:
             st.in_round = True
 
-    def accept(self, seqs, prev_lengths, num_accepted, next_tokens) -> float:
-        live = [(s, prev, n, t) for s, prev, n, t in zip(seqs, prev_lengths, num_accepted,
-                next_tokens) if self.states[s.request_id].in_round]  # fmt: skip
-        for s, *_ in live:
-            self.states[s.request_id].in_round = False
+    def accept_outcome(self, seqs, prev_lengths, num_accepted, next_tokens) -> float:
+        """Send each sequence's outcome; keep the speculation the worker answers with for the
+        next round. Returns the seconds the target waited for the answer."""
+        live = []
+        for s, prev, n, t in zip(seqs, prev_lengths, num_accepted, next_tokens):
+            st = self.states[s.request_id]
+            if st.in_round:
+                st.in_round = False
+                live.append((s, prev, n, t))
         # sequences that finished this round need no speculation
         ask = [(s, prev, n, t) for s, prev, n, t in live if not s.finished]
         if not ask or not self.handle.up:
             return 0.0
-        neural = self._use_neural(len(seqs))
-        msg = {"op": "outcome", "backup": neural, "k": self.depth(), "seqs": [
-            {"sid": s.request_id, "k": n, "token": t} for s, _, n, t in ask]}  # fmt: skip
+        items = [OutcomeSeq(s.request_id, n, t) for s, _, n, t in ask]
+        msg = Outcome(self.depth(), self._use_neural(len(seqs)), items)
         t0 = time.perf_counter()
         try:
-            reply = self.handle.request(msg)
+            reply: Drafts = self.handle.request(msg)
         except ChannelError:
             self._lost("outcome")
             return time.perf_counter() - t0
-        wait = time.perf_counter() - t0
-        for i, (s, prev, n, _) in enumerate(ask):
+        wait_s = time.perf_counter() - t0
+        for (s, prev, n, _), spec, hit in zip(ask, reply.specs, reply.hits):
             st = self.states[s.request_id]
-            hit = reply["hits"][i]
             st.worker_len = prev + n  # b_prev and the accepted drafts; the token is pending
-            st.ready, st.ready_for = reply["specs"][i], s.num_tokens
-            stats = st.stats
-            stats["idle_s"] += wait
-            stats["lookups"] += 1
-            stats["hits"] += hit
-            stats["lookups_by_k"][n] = stats["lookups_by_k"].get(n, 0) + 1
-            stats["hits_by_k"][n] = stats["hits_by_k"].get(n, 0) + hit
-            if not hit and st.ready is not None:
-                stats["backup_rounds"] += 1
+            st.ready, st.ready_for = spec, s.num_tokens
+            st.stats.count_lookup(n, hit, spec is not None, wait_s)
         self._note_busy(reply, [s for s, *_ in ask])
-        return wait
+        return wait_s
 
-    def _note_busy(self, reply: dict, seqs: list[Sequence]) -> None:
-        busy = reply.get("busy_s", 0.0)
+    def _note_busy(self, reply: Drafts, seqs: list[Sequence]) -> None:
+        busy = reply.busy_s
         delta = max(0.0, busy - self._busy_seen)
         self._busy_seen = busy
         for s in seqs:
-            self.states[s.request_id].stats["worker_busy_s"] += delta
-
-
-def ssd_metrics(seq_stats) -> dict:
-    """Per-request SSD metrics (keys start with ``ssd_``), with the speed model's prediction:
-    E = (1 - a^(K+1)) / (1 - a) tokens per round at acceptance a, and a round costs
-    T_verify + (1 - p_hit) * T_backup + T_other (drafting is off the critical path on a hit)."""
-    stats = seq_stats.extra["ssd"]
-    look = stats["lookups"]
-    by_k = {k: stats["hits_by_k"].get(k, 0) / n for k, n in sorted(stats["lookups_by_k"].items())}
-    p_hit = stats["hits"] / look if look else 0.0
-    out = {
-        "ssd_hit_rate": p_hit,
-        "ssd_hit_rate_by_k": by_k,
-        "ssd_lookups": look,
-        "ssd_target_idle_s": stats["idle_s"],
-        "ssd_drafter_busy_s": stats["worker_busy_s"],
-        "ssd_backup_rounds": stats["backup_rounds"],
-        "ssd_fallback_rounds": stats["fallback_rounds"],
-        "ssd_worker_failures": stats["failures"],
-    }
-    rounds = seq_stats.rounds
-    if rounds and seq_stats.drafted:
-        alpha = seq_stats.per_token_acceptance()
-        k = max(1, round(seq_stats.drafted / max(1, len(seq_stats.accepted_lengths))))
-        e = expected_tokens(alpha, k)
-        t_verify = seq_stats.verify_time / rounds
-        t_other = max(0.0, seq_stats.decode_time - seq_stats.verify_time - stats["idle_s"]) / rounds
-        misses = max(1, stats["lookups"] - stats["hits"])
-        t_backup = stats["idle_s"] / misses  # waiting on the worker: mostly just-in-time drafts
-        t_round = t_verify + (1 - p_hit) * t_backup + t_other
-        out.update(ssd_model_tokens_per_s=e / t_round, ssd_model_t_verify_s=t_verify,
-                   ssd_model_t_backup_s=t_backup, ssd_model_tokens_per_round=e)  # fmt: skip
-    return out
+            self.states[s.request_id].stats.worker_busy_s += delta

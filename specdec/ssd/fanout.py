@@ -9,7 +9,7 @@ series alpha^(k/(1+r)) for k < K with its own jump for k = K (the paper's geomet
 
 from __future__ import annotations
 
-FANOUTS = ("geometric", "uniform", "pipeline")
+from specdec.config import FANOUTS
 
 
 def outcome_probabilities(alpha: float, k: int) -> list[float]:

@@ -9,7 +9,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.model import Transformer
 from specdec.ssd.client import WorkerHandle
 from specdec.ssd.drafter import SSDDrafter
-from specdec.ssd.worker import WorkerConfig
+from specdec.ssd.protocol import WorkerConfig
 from specdec.tokenizer import Tokenizer
 
 
