@@ -181,8 +181,11 @@ class SSDDrafter(Drafter):
                     specs[i] = sp
             for i in need:
                 st = self.states[seqs[i].request_id].stats
-                st["backup_rounds" if specs[i] is not None else "fallback_rounds"] += 1
-                st["backup_s"] += time.perf_counter() - t
+                if specs[i] is not None:
+                    st.backup_rounds += 1
+                else:
+                    st.fallback_rounds += 1
+                st.backup_s += time.perf_counter() - t
         return self._assemble(seqs, ks, specs)
 
     def _use_neural(self, batch: int) -> bool:
