@@ -32,13 +32,11 @@ class APIError(Exception):
         code: str | None = None,
     ):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status,
-            message,
-            type,
-            param,
-            code,
-        )
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
 
 
 class ClientGone(Exception):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from specdec.sequence import Sequence
@@ -64,12 +64,14 @@ class Shape:
 
 
 def _completion_deltas(ev: Event) -> list[BaseModel]:
+    """One chunk: the new text, with the finish reason on the choice's last."""
     if not ev.text and ev.finish_reason is None:
         return []
     return [CompletionChoice(index=ev.index, text=ev.text, finish_reason=ev.finish_reason)]
 
 
 def _chat_deltas(ev: Event) -> list[BaseModel]:
+    """The new text, then the finish reason in a chunk of its own (an empty delta)."""
     out: list[BaseModel] = []
     if ev.text:
         out.append(ChatChunkChoice(index=ev.index, delta=Delta(content=ev.text)))
@@ -99,8 +101,13 @@ CHAT = Shape(
 
 
 async def respond(
-    request: Request, req, rid: str, seqs: list[Sequence], prompt_tokens: int, shape: Shape
-):
+    request: Request,
+    req: CompletionRequest | ChatCompletionRequest,
+    rid: str,
+    seqs: list[Sequence],
+    prompt_tokens: int,
+    shape: Shape,
+) -> BaseModel | StreamingResponse:
     """Submit ``seqs`` and answer: the whole body once every choice finished, or, when
     ``req.stream``, one event per piece of text, with the ``speculative`` object (and, with
     ``stream_options.include_usage``, the usage) at the end, then ``[DONE]``."""
