@@ -360,8 +360,7 @@ def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs
 
 def test_ssd_and_aggregate_metrics():
     """SSD hit rates reach /metrics and the ``speculative`` object (no SSD server needed)."""
-    from specdec.server.app import speculative_info
-    from specdec.server.metrics import ServerMetrics
+    from specdec.server.metrics import ServerMetrics, speculative_info
 
     per_request = [
         {"method": "ssd", "generated_tokens": 10, "wall_time_s": 1.0, "rounds": 4,

@@ -1,5 +1,5 @@
 """Prometheus metrics of one server, in a registry of its own (several apps may share a
-process, as the tests do).
+process, as the tests do), and the ``speculative`` object of each response.
 
 Exposed at ``GET /metrics``:
 
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+__all__ = ["CONTENT_TYPE", "ServerMetrics", "speculative_info"]
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -159,3 +160,55 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# -- the request's speculative metrics --------------------------------------------------------
+_KEYS = (
+    "method",
+    "tokens_per_s",
+    "decode_tokens_per_s",
+    "time_to_first_token_s",
+    "wall_time_s",
+    "rounds",
+    "target_forwards",
+    "drafted_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "mean_tokens_per_round",
+    "per_position_acceptance",
+)
+
+
+def speculative_info(metrics: list[dict], method: str) -> dict[str, Any]:
+    """The ``speculative`` object of a response: one request's metrics (``method``, tokens/s,
+    and for speculative methods acceptance rate, mean tokens per round and ``ssd_*``), or, for
+    n > 1 choices, their totals."""
+    if len(metrics) == 1:
+        m = metrics[0]
+        out = {k: m[k] for k in _KEYS if k in m and m[k] is not None}
+        out.update({k: v for k, v in m.items() if k.startswith("ssd_")})
+        return out
+    gen = sum(m.get("generated_tokens", 0) for m in metrics)
+    wall = max((m.get("wall_time_s", 0.0) for m in metrics), default=0.0)
+    out: dict[str, Any] = {
+        "method": method,
+        "tokens_per_s": gen / max(wall, 1e-9),
+        "wall_time_s": wall,
+        "rounds": sum(m.get("rounds", 0) for m in metrics),
+        "target_forwards": sum(m.get("target_forwards", 0) for m in metrics),
+    }
+    spec = [m for m in metrics if m.get("drafted_tokens")]
+    if spec:
+        drafted = sum(m["drafted_tokens"] for m in spec)
+        accepted = sum(m["accepted_tokens"] for m in spec)
+        rounds = sum(sum(m.get("accepted_length_histogram", {}).values()) for m in spec)
+        out.update(
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            acceptance_rate=accepted / drafted,
+            mean_tokens_per_round=(accepted + rounds) / max(rounds, 1),
+        )
+    hits = [h for h in (ssd_hit_rate(m) for m in metrics) if h is not None]
+    if hits:
+        out["ssd_hit_rate"] = sum(hits) / len(hits)
+    return out

@@ -1,0 +1,110 @@
+"""``specdec serve``: the OpenAI-compatible server (``specdec.server``) on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from specdec.cli.args import add_engine_args, llm_from_args
+from specdec.server.guard import DEFAULT_MAX_BODY_BYTES
+
+log = logging.getLogger("specdec.server")
+
+MIN_MODEL_LEN = 64  # below this the server would be of no use: refuse to start
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_serve_args(s)
+    s.set_defaults(func=serve)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECDEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; none: open)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together")
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens per request, prompt included (default: the model's context, capped so "
+        "the KV cache of --max-num-seqs rows fits a quarter of RAM)",
+    )
+    g.add_argument(
+        "--max-waiting", type=int, default=64, help="queued requests beyond the batch (then 429)"
+    )
+    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def model_len_in_kv_budget(llm, max_num_seqs: int) -> int:
+    """The longest context whose cache for ``max_num_seqs`` rows fits the KV budget (the
+    fraction ``specdec.llm.DEFAULT_KV_BUDGET`` of RAM; ``LLM._reserve`` does the same sum)."""
+    import psutil
+
+    from specdec.llm import DEFAULT_KV_BUDGET
+
+    budget = int(psutil.virtual_memory().total * DEFAULT_KV_BUDGET)
+    per_row = budget // max(1, max_num_seqs * llm.decoder.bytes_per_token())
+    return min(llm.max_model_len, per_row - llm.decoder.cache_slack)
+
+
+def _cap_model_len(llm, max_num_seqs: int) -> None:
+    """Shorten ``llm.max_model_len`` so that ``max_num_seqs`` cache rows fit in RAM."""
+    fit = model_len_in_kv_budget(llm, max_num_seqs)
+    if fit < MIN_MODEL_LEN:
+        raise ValueError(
+            f"the KV cache for {max_num_seqs} requests does not fit in memory: "
+            "lower --max-num-seqs or set --max-model-len"
+        )
+    if fit < llm.max_model_len:
+        log.warning(
+            "max_model_len capped at %d tokens so %d cache rows fit in RAM "
+            "(set --max-model-len to choose)",
+            fit,
+            max_num_seqs,
+        )
+        llm.max_model_len = fit
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specdec.server import create_app
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(message)s"
+    )
+    if args.max_num_seqs < 1:
+        raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
+    llm = llm_from_args(args, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+    if args.max_model_len is None:
+        _cap_model_len(llm, args.max_num_seqs)
+    app = create_app(
+        llm,
+        args.model,
+        api_key=args.api_key,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=llm.max_model_len,
+        max_waiting=args.max_waiting,
+        max_body_bytes=args.max_body_bytes,
+    )
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        log.warning(
+            "listening on %s without an API key: anyone who can reach it may use it",
+            args.host,
+        )
+    print(f"specdec serve: http://{args.host}:{args.port}/v1 (model '{args.model}')", flush=True)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
+    llm.close()
+    return 0

@@ -1,0 +1,235 @@
+"""The routes: health, Prometheus metrics, models, completions and chat completions.
+
+The two generation routes only turn their request into sequences; ``respond`` submits them
+and answers with one JSON body, or with server-sent events when the request streams. What
+differs between the two answers (the body's type, a choice, a chunk) is a ``Shape``.
+Each route reads the engine, metrics and model from ``request.app.state`` (see ``app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from specdec.sequence import Sequence
+from specdec.server.async_engine import Event
+from specdec.server.generation import Generation, sse
+from specdec.server.inputs import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    chat_prompt_ids,
+    check_capacity,
+    check_model,
+    completion_prompts,
+    make_sequence,
+    num_choices,
+    rest_of_context,
+    sampling_params,
+)
+from specdec.server.metrics import CONTENT_TYPE, speculative_info
+from specdec.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Delta,
+    ModelCard,
+    ModelList,
+)
+
+router = APIRouter()
+
+
+# -- the answer to a generation request --------------------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    """What differs between the completion and the chat answers."""
+
+    response: Callable[..., BaseModel]  # the non-streamed body
+    choice: Callable[[int, str, str | None], BaseModel]  # its choice (index, text, reason)
+    chunk: Callable[..., BaseModel]  # a streamed event's body
+    deltas: Callable[[Event], list[BaseModel]]  # one event's choices, one chunk each
+    opening: Callable[[int], list[BaseModel]]  # choices sent before the first token (n)
+
+
+def _completion_deltas(ev: Event) -> list[BaseModel]:
+    """One chunk: the new text, with the finish reason on the choice's last."""
+    if not ev.text and ev.finish_reason is None:
+        return []
+    return [CompletionChoice(index=ev.index, text=ev.text, finish_reason=ev.finish_reason)]
+
+
+def _chat_deltas(ev: Event) -> list[BaseModel]:
+    """The new text, then the finish reason in a chunk of its own (an empty delta)."""
+    out: list[BaseModel] = []
+    if ev.text:
+        out.append(ChatChunkChoice(index=ev.index, delta=Delta(content=ev.text)))
+    if ev.finish_reason is not None:
+        out.append(ChatChunkChoice(index=ev.index, delta=Delta(), finish_reason=ev.finish_reason))
+    return out
+
+
+COMPLETION = Shape(
+    response=Completion,
+    choice=lambda i, text, reason: CompletionChoice(index=i, text=text, finish_reason=reason),
+    chunk=Completion,
+    deltas=_completion_deltas,
+    opening=lambda n: [],
+)
+CHAT = Shape(
+    response=ChatCompletion,
+    choice=lambda i, text, reason: ChatChoice(
+        index=i, message=AssistantMessage(content=text), finish_reason=reason
+    ),
+    chunk=ChatCompletionChunk,
+    deltas=_chat_deltas,
+    opening=lambda n: [
+        ChatChunkChoice(index=j, delta=Delta(role="assistant", content="")) for j in range(n)
+    ],
+)
+
+
+async def respond(
+    request: Request,
+    req: CompletionRequest | ChatCompletionRequest,
+    rid: str,
+    seqs: list[Sequence],
+    prompt_tokens: int,
+    shape: Shape,
+) -> BaseModel | StreamingResponse:
+    """Submit ``seqs`` and answer: the whole body once every choice finished, or, when
+    ``req.stream``, one event per piece of text, with the ``speculative`` object (and, with
+    ``stream_options.include_usage``, the usage) at the end, then ``[DONE]``."""
+    gen = Generation.submit(request, seqs, prompt_tokens)
+    state = request.app.state
+    method = state.llm.method
+    now = int(time.time())
+
+    def body(make, choices, **kw) -> BaseModel:
+        return make(id=rid, created=now, model=state.model_name, choices=choices, **kw)
+
+    if not req.stream:
+        texts, reasons, ms = await gen.collect()
+        choices = [shape.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+        info = speculative_info(ms, method)
+        return body(shape.response, choices, usage=gen.usage(), speculative=info)
+
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def events():
+        for choice in shape.opening(len(seqs)):
+            yield sse(body(shape.chunk, [choice]))
+        ms: list[dict | None] = [None] * len(seqs)
+        while not gen.done:
+            ev = await gen.next_event()
+            if ev.finish_reason is not None:
+                ms[ev.index] = ev.metrics
+            # the request's last finish carries its metrics, unless a usage chunk follows
+            last = ev.finish_reason is not None and gen.done and not include_usage
+            deltas = shape.deltas(ev)
+            for k, choice in enumerate(deltas):
+                info = speculative_info(ms, method) if last and k == len(deltas) - 1 else None
+                yield sse(body(shape.chunk, [choice], speculative=info))
+        gen.metrics.count("success")
+        if include_usage:
+            info = speculative_info(ms, method)
+            yield sse(body(shape.chunk, [], usage=gen.usage(), speculative=info))
+        yield "data: [DONE]\n\n"
+
+    return gen.stream(events())
+
+
+# -- routes ------------------------------------------------------------------------------------
+@router.get("/health")
+async def health(request: Request):
+    engine = request.app.state.engine
+    if engine.alive:
+        return {"status": "ok"}
+    reason = repr(engine.error) if engine.error else "the engine thread is not running"
+    return JSONResponse({"status": "error", "error": reason}, status_code=503)
+
+
+@router.get("/metrics")
+async def prometheus_metrics(request: Request):
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _model_card(request: Request) -> ModelCard:
+    state = request.app.state
+    return ModelCard(
+        id=state.model_name, created=state.created, max_model_len=state.engine.max_model_len
+    )
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return ModelList(data=[_model_card(request)])
+
+
+@router.get("/v1/models/{name:path}")
+async def get_model(name: str, request: Request):
+    check_model(name, request.app.state.model_name)
+    return _model_card(request)
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    state = request.app.state
+    n = num_choices(req, state.model_name)
+    prompts = completion_prompts(req.prompt)
+    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    check_capacity(len(prompts) * n, state.engine.capacity)
+    rid = f"cmpl-{uuid.uuid4().hex}"
+
+    def build() -> list[Sequence]:
+        seqs = []
+        for i, prompt in enumerate(prompts):
+            label = "prompt " if len(prompts) == 1 else f"prompt {i} "
+            for j in range(n):
+                seed = None if req.seed is None else req.seed + j
+                params = sampling_params(req, max_tokens, seed)
+                rid_j = f"{rid}-{len(seqs)}"
+                seqs.append(make_sequence(state.llm, prompt, params, rid_j, label, "prompt"))
+        return seqs
+
+    seqs = await asyncio.to_thread(build)
+    prompt_tokens = sum(len(seqs[i * n].prompt_ids) for i in range(len(prompts)))
+    return await respond(request, req, rid, seqs, prompt_tokens, COMPLETION)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    state = request.app.state
+    n = num_choices(req, state.model_name)
+    check_capacity(n, state.engine.capacity)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    messages = [m.as_template_input() for m in req.messages]
+    limit = req.max_completion_tokens
+    if limit is None:
+        limit = req.max_tokens
+
+    def build() -> list[Sequence]:
+        ids = chat_prompt_ids(state.llm, messages)
+        max_tokens = limit
+        if max_tokens is None:  # default: the rest of the context
+            max_tokens = rest_of_context(len(ids), state.engine.max_model_len)
+        seqs = []
+        for j in range(n):
+            seed = None if req.seed is None else req.seed + j
+            params = sampling_params(req, max_tokens, seed)
+            seqs.append(make_sequence(state.llm, ids, params, f"{rid}-{j}", "prompt ", "messages"))
+        return seqs
+
+    seqs = await asyncio.to_thread(build)
+    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), CHAT)
