@@ -131,10 +131,10 @@ KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
 AUTO_DRAFT_VOCAB = 32768  # "auto" draft head: the 32K most frequent tokens of a large vocabulary
 
 
-def option(default, help: str, choices=None, keyword: str | None = None, flag: str | None = None):
+def option(default, help: str, choices=None, keyword: str | None = None, flags=None):
     """A configuration field. ``keyword``: its name among ``LLM``'s keywords when it differs from
-    the field's; ``flag``: its command-line flag when it differs from the keyword's."""
-    meta = {"help": help, "choices": choices, "keyword": keyword, "flag": flag}
+    the field's; ``flags``: its command-line flags when they differ from ``--the-keyword``."""
+    meta = {"help": help, "choices": choices, "keyword": keyword, "flags": flags}
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -247,14 +247,14 @@ class EngineConfig:
     draft_model: str | None = option(None, "draft model (sd, ssd)")
     method: str = option("ar", "decoding method", METHODS)
     num_speculative_tokens: int | None = option(
-        None, "fixed speculation length K (default: adaptive)", flag="-k"
+        None,
+        "fixed speculation length K (default: adaptive)",
+        flags=("-k", "--num-speculative-tokens"),
     )
     max_speculative_tokens: int = option(8, "the adaptive K's ceiling (sd, ngram)")
     dtype: str = option("auto", "weights' dtype (auto: bf16 where the hardware has it)", DTYPES)
     device: str = option("cpu", "cpu or cuda")
-    num_threads: int | None = option(
-        None, "threads (default: all cores)", keyword="num_threads", flag="--threads"
-    )
+    num_threads: int | None = option(None, "threads (default: all cores)", flags=("--threads",))
     cpu_cores: list[int] | None = option(None, "pin to these CPU ids, e.g. 0 or 0,1")
     max_model_len: int | None = option(None, "longest sequence (default: the model's context)")
     max_num_seqs: int | None = option(None, "requests decoded together (default: all given)")

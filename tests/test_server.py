@@ -360,18 +360,28 @@ def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs
 
 def test_ssd_and_aggregate_metrics():
     """SSD hit rates reach /metrics and the ``speculative`` object (no SSD server needed)."""
+    from specdec.metrics import RequestMetrics, SpeculationMetrics, SSDMetrics
     from specdec.server.metrics import ServerMetrics, speculative_info
 
-    per_request = [
-        {"method": "ssd", "generated_tokens": 10, "wall_time_s": 1.0, "rounds": 4,
-         "drafted_tokens": 12, "accepted_tokens": 6, "acceptance_rate": 0.5,
-         "mean_tokens_per_round": 2.5, "accepted_length_histogram": {1: 2, 2: 2},
-         "ssd_hit_rate": 0.5, "ssd_hit_rate_by_k": {1: 0.5}, "ssd_lookups": 4},
-        {"method": "ssd", "generated_tokens": 20, "wall_time_s": 2.0, "rounds": 4,
-         "drafted_tokens": 12, "accepted_tokens": 12, "acceptance_rate": 1.0,
-         "mean_tokens_per_round": 4.0, "accepted_length_histogram": {3: 4},
-         "ssd_hit_rate": 1.0, "ssd_hit_rate_by_k": {1: 1.0}, "ssd_lookups": 4},
-    ]  # fmt: skip
+    def request(generated, wall, accepted, hist, hit):
+        spec = SpeculationMetrics(
+            drafted_tokens=12,
+            accepted_tokens=accepted,
+            judged_tokens=12,
+            acceptance_rate=accepted / 12,
+            per_token_acceptance=accepted / 12,
+            mean_tokens_per_round=(accepted + 4) / 4,
+            per_position_acceptance=[],
+            accepted_length_histogram=hist,
+            draft_time_s=0.1,
+            verify_time_s=0.2,
+            other_time_s=0.0,
+        )
+        ssd = SSDMetrics(hit, {1: hit}, 4, 0.0, 0.0, 0, 0, 0)
+        speed = generated / wall
+        return RequestMetrics("ssd", 3, generated, wall, speed, 4, 5, speculation=spec, ssd=ssd)
+
+    per_request = [request(10, 1.0, 6, {1: 2, 2: 2}, 0.5), request(20, 2.0, 12, {3: 4}, 1.0)]
     m = ServerMetrics()
     for pr in per_request:
         m.finished(pr)

@@ -40,20 +40,15 @@ def _add_demo_parser(sub) -> None:
 
 def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="side-by-side speed benchmark")
-    try:
-        from specdec.bench.runner import add_bench_args
-    except ImportError:
-        add_bench_args = None
-    if add_bench_args is not None:
-        add_bench_args(b)
+    from specdec.bench.runner import add_bench_args
+
+    add_bench_args(b)
     b.set_defaults(func=_bench)
 
 
 def _add_serve_parser(sub) -> None:
-    try:  # the server's dependencies (fastapi, uvicorn)
-        from specdec.cli import serve
-    except ImportError:
-        return
+    from specdec.cli import serve
+
     serve.add_parser(sub)
 
 

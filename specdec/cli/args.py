@@ -4,54 +4,41 @@ and the ``LLM`` and ``SamplingParams`` they describe."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import MISSING, fields
+
+from specdec.config import DraftConfig, EngineConfig, SSDConfig, engine_options, keyword_of
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from specdec.registry import DEFAULT_TARGET
+    """One flag per ``EngineConfig`` option (``specdec.config``): its default, choices and help
+    come from there. List options (CPU ids) take "0,1" or "0-3"."""
+    groups = {
+        EngineConfig: p.add_argument_group("engine"),
+        DraftConfig: p.add_argument_group("drafter (exactness does not depend on these)"),
+        SSDConfig: p.add_argument_group("ssd"),
+    }
+    for cls, group in groups.items():
+        for f in fields(cls):
+            if not f.metadata:
+                continue
+            keyword = keyword_of(f)
+            flags = f.metadata["flags"] or ["--" + keyword.replace("_", "-")]
+            default = f.default if f.default is not MISSING else None
+            group.add_argument(
+                *flags,
+                dest=keyword,
+                default=default,
+                type=_parser_of(f),
+                choices=f.metadata["choices"],
+                help=f.metadata["help"],
+            )
 
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=DEFAULT_TARGET, help="alias, HF folder or .gguf file")
-    g.add_argument("--draft-model", default=None, help="draft model (sd, ssd)")
-    g.add_argument("--method", default="ar", choices=["ar", "sd", "ngram", "ssd"])
-    g.add_argument(
-        "-k",
-        "--num-speculative-tokens",
-        type=int,
-        default=None,
-        help="fixed speculation length K (default: adaptive)",
-    )
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
-    g.add_argument("--cpu-cores", default=None, help="pin to these CPU ids, e.g. 0 or 0,1")
-    g.add_argument(
-        "--draft-quantization",
-        default="auto",
-        choices=["auto", "none", "int8", "int4"],
-        help="drafter weights (exactness is unaffected; auto: fastest here)",
-    )
-    g.add_argument(
-        "--draft-vocab",
-        default="auto",
-        help="drafter output head size: an integer, 'auto' or 'full'",
-    )
-    s = p.add_argument_group("ssd")
-    s.add_argument("--draft-device", default=None, help="device of the SSD drafter")
-    s.add_argument("--draft-cpu-cores", default=None, help="CPU ids of the SSD drafter")
-    s.add_argument(
-        "--speculation-budget",
-        type=int,
-        default=None,
-        help="SSD: speculations cached per sequence per round (B)",
-    )
-    s.add_argument("--fanout", default="geometric", choices=["geometric", "uniform", "pipeline"])
-    s.add_argument("--saguaro-c", type=float, default=None, help="SSD: Saguaro C in (0, 1]")
-    s.add_argument(
-        "--backup",
-        default="auto",
-        choices=["auto", "neural", "fast"],
-        help="SSD: what to draft on a cache miss",
-    )
+
+def _parser_of(f):
+    """How a flag's text becomes the option's value (from the field's annotation)."""
+    kind = str(f.type).removesuffix(" | None")
+    parsers = {"int": int, "float": float, "list[int]": parse_cores}
+    return parsers.get(kind)  # None: the text itself (str, and "int | str" options)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -81,29 +68,11 @@ def parse_cores(text: str | None) -> list[int] | None:
 
 
 def llm_from_args(args: argparse.Namespace, **extra):
+    """The ``LLM`` that the engine flags describe (``extra`` overrides or adds keywords)."""
     from specdec import LLM
 
-    return LLM(
-        model=args.model,
-        draft_model=args.draft_model,
-        method=args.method,
-        num_speculative_tokens=args.num_speculative_tokens,
-        dtype=args.dtype,
-        device=args.device,
-        num_threads=args.threads,
-        cpu_cores=parse_cores(args.cpu_cores),
-        draft_quantization=args.draft_quantization,
-        draft_vocab=args.draft_vocab
-        if args.draft_vocab in ("auto", "full")
-        else int(args.draft_vocab),
-        draft_device=args.draft_device,
-        draft_cpu_cores=parse_cores(args.draft_cpu_cores),
-        speculation_budget=args.speculation_budget,
-        fanout=args.fanout,
-        saguaro_c=args.saguaro_c,
-        backup=args.backup,
-        **extra,
-    )
+    options = {keyword: getattr(args, keyword) for _, keyword in engine_options()}
+    return LLM(**{**options, **extra})
 
 
 def sampling_from_args(args: argparse.Namespace):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 
 from specdec.cli.args import add_engine_args, add_sampling_args, llm_from_args, sampling_from_args
+from specdec.metrics import RequestMetrics
 
 
 def add_parser(sub) -> None:
@@ -19,32 +21,35 @@ def add_parser(sub) -> None:
     g.set_defaults(func=generate)
 
 
-def format_stats(m: dict) -> str:
+def format_stats(m: RequestMetrics) -> str:
     """Metrics of one request as readable lines."""
     lines = [
-        f"method            {m['method']}",
-        f"tokens            {m['generated_tokens']} generated, {m['prompt_tokens']} prompt",
-        f"time              {m['wall_time_s']:.2f} s (first token after "
-        f"{(m.get('time_to_first_token_s') or 0):.2f} s)",
-        f"speed             {m['tokens_per_s']:.2f} tokens/s overall, "
-        f"{m.get('decode_tokens_per_s', 0):.2f} tokens/s decoding",
-        f"target passes     {m.get('target_forwards', 0)} ({m.get('rounds', 0)} rounds)",
+        f"method            {m.method}",
+        f"tokens            {m.generated_tokens} generated, {m.prompt_tokens} prompt",
+        f"time              {m.wall_time_s:.2f} s (first token after "
+        f"{m.time_to_first_token_s or 0:.2f} s)",
+        f"speed             {m.tokens_per_s:.2f} tokens/s overall, "
+        f"{m.decode_tokens_per_s or 0:.2f} tokens/s decoding",
+        f"target passes     {m.target_forwards} ({m.rounds} rounds)",
     ]
-    if "acceptance_rate" in m:
-        pos = " ".join("-" if a is None else f"{a:.2f}" for a in m["per_position_acceptance"])
-        hist = " ".join(f"{k}:{v}" for k, v in m["accepted_length_histogram"].items())
+    s = m.speculation
+    if s is not None:
+        pos = " ".join("-" if a is None else f"{a:.2f}" for a in s.per_position_acceptance)
+        hist = " ".join(f"{k}:{v}" for k, v in s.accepted_length_histogram.items())
         lines += [
-            f"acceptance        {m['acceptance_rate']:.3f} "
-            f"({m['accepted_tokens']}/{m['drafted_tokens']} drafted tokens)",
-            f"tokens per round  {m['mean_tokens_per_round']:.2f}",
+            f"acceptance        {s.acceptance_rate:.3f} "
+            f"({s.accepted_tokens}/{s.drafted_tokens} drafted tokens)",
+            f"tokens per round  {s.mean_tokens_per_round:.2f}",
             f"per position      {pos}",
             f"accepted lengths  {hist}",
-            f"time split        draft {m['draft_time_s']:.2f} s, verify {m['verify_time_s']:.2f} s,"
-            f" other {m['other_time_s']:.2f} s",
+            f"time split        draft {s.draft_time_s:.2f} s, verify {s.verify_time_s:.2f} s,"
+            f" other {s.other_time_s:.2f} s",
         ]
-    for key in sorted(k for k in m if k.startswith("ssd_")):
-        v = m[key]
-        lines.append(f"{key:<17} {v:.3f}" if isinstance(v, float) else f"{key:<17} {v}")
+    if m.ssd is not None:
+        for key, v in asdict(m.ssd).items():
+            if v is not None:
+                name = f"ssd_{key}"
+                lines.append(f"{name:<17} {v:.3f}" if isinstance(v, float) else f"{name:<17} {v}")
     return "\n".join(lines)
 
 
@@ -60,8 +65,8 @@ def generate(args: argparse.Namespace) -> int:
         m = llm.last_output.metrics
         sys.stdout.write("\n")
         print(
-            f"[{m['generated_tokens']} tokens in {dt:.2f} s: {m['tokens_per_s']:.2f} tokens/s, "
-            f"{m.get('decode_tokens_per_s', 0):.2f} tokens/s decoding]",
+            f"[{m.generated_tokens} tokens in {dt:.2f} s: {m.tokens_per_s:.2f} tokens/s, "
+            f"{m.decode_tokens_per_s or 0:.2f} tokens/s decoding]",
             file=sys.stderr,
         )
         if args.stats:

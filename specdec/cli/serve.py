@@ -12,6 +12,7 @@ from specdec.server.guard import DEFAULT_MAX_BODY_BYTES
 log = logging.getLogger("specdec.server")
 
 MIN_MODEL_LEN = 64  # below this the server would be of no use: refuse to start
+SERVE_MAX_NUM_SEQS = 16  # requests decoded together unless --max-num-seqs says otherwise
 
 
 def add_parser(sub) -> None:
@@ -21,7 +22,8 @@ def add_parser(sub) -> None:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    add_engine_args(p)
+    add_engine_args(p)  # --max-model-len: by default capped so that the caches fit the KV budget
+    p.set_defaults(max_num_seqs=SERVE_MAX_NUM_SEQS)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     g.add_argument("--port", type=int, default=8000)
@@ -30,14 +32,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("SPECDEC_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY; none: open)",
     )
-    g.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together")
-    g.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="tokens per request, prompt included (default: the model's context, capped so "
-        "the KV cache of --max-num-seqs rows fits a quarter of RAM)",
-    )
     g.add_argument(
         "--max-waiting", type=int, default=64, help="queued requests beyond the batch (then 429)"
     )
@@ -45,21 +39,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
-def model_len_in_kv_budget(llm, max_num_seqs: int) -> int:
-    """The longest context whose cache for ``max_num_seqs`` rows fits the KV budget (the
-    fraction ``specdec.llm.DEFAULT_KV_BUDGET`` of RAM; ``LLM._reserve`` does the same sum)."""
-    import psutil
-
-    from specdec.llm import DEFAULT_KV_BUDGET
-
-    budget = int(psutil.virtual_memory().total * DEFAULT_KV_BUDGET)
-    per_row = budget // max(1, max_num_seqs * llm.decoder.bytes_per_token())
-    return min(llm.max_model_len, per_row - llm.decoder.cache_slack)
-
-
 def _cap_model_len(llm, max_num_seqs: int) -> None:
     """Shorten ``llm.max_model_len`` so that ``max_num_seqs`` cache rows fit in RAM."""
-    fit = model_len_in_kv_budget(llm, max_num_seqs)
+    fit = llm.fitting_model_len(max_num_seqs)
     if fit < MIN_MODEL_LEN:
         raise ValueError(
             f"the KV cache for {max_num_seqs} requests does not fit in memory: "
@@ -83,9 +65,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(message)s"
     )
-    if args.max_num_seqs < 1:
-        raise ValueError(f"--max-num-seqs must be >= 1, got {args.max_num_seqs}")
-    llm = llm_from_args(args, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+    llm = llm_from_args(args)
     if args.max_model_len is None:
         _cap_model_len(llm, args.max_num_seqs)
     app = create_app(

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.outputs import request_metrics
+from specdec.metrics import RequestMetrics
 from specdec.sequence import Sequence
 
 log = logging.getLogger("specdec.server")
@@ -41,7 +41,7 @@ class Event:
     index: int  # choice index within the HTTP request
     text: str = ""
     finish_reason: str | None = None  # set on the sequence's last event
-    metrics: dict | None = None  # request_metrics, on the last event
+    metrics: RequestMetrics | None = None  # on the last event
     error: str | None = None  # the engine failed: the request ends with a 500
 
 
@@ -213,7 +213,7 @@ class AsyncEngine:
                 with self._lock:
                     if self._owners.pop(seq.request_id, None) is None:
                         continue
-                m = request_metrics(seq, self.method)
+                m = RequestMetrics.from_sequence(seq, self.method)
                 if self.on_finished is not None:
                     try:
                         self.on_finished(m)

@@ -21,23 +21,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: N811
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specdec.metrics import RequestMetrics, aggregate
+
 __all__ = ["CONTENT_TYPE", "ServerMetrics", "speculative_info"]
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-
-def ssd_hit_rate(m: dict) -> float | None:
-    """The SSD hit rate in a request's metrics (the first ``ssd_*hit_rate*`` key), if any."""
-    for key in sorted(m):
-        if key.startswith("ssd_") and "hit_rate" in key and isinstance(m[key], (int, float)):
-            return float(m[key])
-    return None
 
 
 class _Mean:
@@ -136,27 +131,26 @@ class ServerMetrics:
     def count(self, status: str, n: int = 1) -> None:
         self.requests.labels(status=status).inc(n)
 
-    def finished(self, m: dict) -> None:
-        """Record one finished sequence's metrics (``outputs.request_metrics``); any thread."""
-        self.prompt_tokens.inc(m.get("prompt_tokens", 0))
-        self.generation_tokens.inc(m.get("generated_tokens", 0))
-        if m.get("time_to_first_token_s") is not None:
-            self.ttft.observe(m["time_to_first_token_s"])
-        self.latency.observe(m.get("wall_time_s", 0.0))
+    def finished(self, m: RequestMetrics) -> None:
+        """Record one finished request's metrics; any thread."""
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.generation_tokens.inc(m.generated_tokens)
+        if m.time_to_first_token_s is not None:
+            self.ttft.observe(m.time_to_first_token_s)
+        self.latency.observe(m.wall_time_s)
         with self._lock:
-            if m.get("drafted_tokens"):
-                self._drafted += m["drafted_tokens"]
-                self._accepted += m.get("accepted_tokens", 0)
-                self.drafted.inc(m["drafted_tokens"])
-                self.accepted.inc(m.get("accepted_tokens", 0))
-            hit = ssd_hit_rate(m)
-            if hit is not None:
-                self._ssd_hit.add(hit)
-            for key, v in m.items():
-                if key.startswith("ssd_") and isinstance(v, (int, float)):
-                    mean = self._ssd.setdefault(key, _Mean())
-                    mean.add(float(v))
-                    self.ssd_metric.labels(key=key).set(mean.value())
+            if m.speculation is not None and m.speculation.drafted_tokens:
+                self._drafted += m.speculation.drafted_tokens
+                self._accepted += m.speculation.accepted_tokens
+                self.drafted.inc(m.speculation.drafted_tokens)
+                self.accepted.inc(m.speculation.accepted_tokens)
+            if m.ssd is not None:
+                self._ssd_hit.add(m.ssd.hit_rate)
+                for key, v in asdict(m.ssd).items():
+                    if isinstance(v, int | float):
+                        mean = self._ssd.setdefault(key, _Mean())
+                        mean.add(float(v))
+                        self.ssd_metric.labels(key=f"ssd_{key}").set(mean.value())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -179,36 +173,13 @@ _KEYS = (
 )
 
 
-def speculative_info(metrics: list[dict], method: str) -> dict[str, Any]:
+def speculative_info(metrics: list[RequestMetrics], method: str) -> dict[str, Any]:
     """The ``speculative`` object of a response: one request's metrics (``method``, tokens/s,
     and for speculative methods acceptance rate, mean tokens per round and ``ssd_*``), or, for
-    n > 1 choices, their totals."""
+    n > 1 choices, their totals (tokens/s over the slowest choice's time)."""
     if len(metrics) == 1:
         m = metrics[0]
-        out = {k: m[k] for k in _KEYS if k in m and m[k] is not None}
-        out.update({k: v for k, v in m.items() if k.startswith("ssd_")})
-        return out
-    gen = sum(m.get("generated_tokens", 0) for m in metrics)
-    wall = max((m.get("wall_time_s", 0.0) for m in metrics), default=0.0)
-    out: dict[str, Any] = {
-        "method": method,
-        "tokens_per_s": gen / max(wall, 1e-9),
-        "wall_time_s": wall,
-        "rounds": sum(m.get("rounds", 0) for m in metrics),
-        "target_forwards": sum(m.get("target_forwards", 0) for m in metrics),
-    }
-    spec = [m for m in metrics if m.get("drafted_tokens")]
-    if spec:
-        drafted = sum(m["drafted_tokens"] for m in spec)
-        accepted = sum(m["accepted_tokens"] for m in spec)
-        rounds = sum(sum(m.get("accepted_length_histogram", {}).values()) for m in spec)
-        out.update(
-            drafted_tokens=drafted,
-            accepted_tokens=accepted,
-            acceptance_rate=accepted / drafted,
-            mean_tokens_per_round=(accepted + rounds) / max(rounds, 1),
-        )
-    hits = [h for h in (ssd_hit_rate(m) for m in metrics) if h is not None]
-    if hits:
-        out["ssd_hit_rate"] = sum(hits) / len(hits)
-    return out
+    else:
+        m = aggregate(metrics, max(x.wall_time_s for x in metrics), method)
+    flat = m.as_dict()
+    return {k: v for k, v in flat.items() if k in _KEYS or k.startswith("ssd_")}
