@@ -122,8 +122,8 @@ def test_int8_x_is_what_the_vnni_build_multiplies(kernels_on):
     xq = ops.quantize_x_int8(x)
     assert (xq - x.double()).abs().max() > 1e-3
     assert ((xq - x.double()).abs() <= xq.abs().amax() / 254 + 1e-6).all()  # half a step
-    torch.testing.assert_close(y.double(), xq @ dense(lw, 300).T + lw.bias.double(),
-                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    want = xq @ dense(lw, 300).T + lw.bias.double()
+    torch.testing.assert_close(y.double(), want, atol=1e-4, rtol=1e-4)
     assert (y.double() - exact).abs().max() > 1e-3
 
 
