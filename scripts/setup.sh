@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv in the repository root and installs specdec with its test tools.
 # torch is pinned to the CPU build 2.13.0 first: an unpinned torch would pull several GB of CUDA.
+# --peers also builds llama-cpp-python from source (5-20 min) for the bench's llamacpp rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -9,7 +10,14 @@ if [ ! -x .venv/bin/python ]; then
     echo "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
+pip_install() {
+    .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v '^WARNING: Location' || true
+}
+pip_install --upgrade pip
+pip_install torch==2.13.0
+pip_install -e ".[test]"
+if [ "${1:-}" = "--peers" ]; then
+    echo "building llama-cpp-python from source (5-20 min)..."
+    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" .venv/bin/python -m pip install -e ".[test,peers]"
+fi
 .venv/bin/python -c "import specdec, torch; print('specdec ready: torch', torch.__version__)"

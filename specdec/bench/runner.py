@@ -99,6 +99,12 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("hf", "hf", {}, "transformers generate"),
     MethodSpec("hf-assisted", "hf", {"assistant_model": DRAFT}, "transformers assisted generation"),
     MethodSpec("llamacpp", "llamacpp", {}, "llama-cpp-python on the GGUF file"),
+    MethodSpec(
+        "llamacpp-sd",
+        "llamacpp",
+        {"draft_model": DRAFT, "num_draft_tokens": 4},
+        "llama-cpp-python, greedy draft-model speculation (K=4) with the GGUF draft",
+    ),
     # SSD comparisons: core layouts (``cpu_cores`` pins a row; it then uses one thread per core)
     MethodSpec("ar-1core", "ours", {"method": "ar", "cpu_cores": [0]}, "AR on core 0", STUDY),
     MethodSpec(
@@ -182,7 +188,7 @@ def unavailable_reason(spec: MethodSpec, model: str) -> str | None:
     """Why ``spec`` cannot run here, or None."""
     if spec.kind == "llamacpp":
         if importlib.util.find_spec("llama_cpp") is None:
-            return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+            return "llama-cpp-python is not installed (./scripts/setup.sh --peers)"
         from specdec.registry import gguf_path
 
         try:
@@ -435,14 +441,27 @@ class HFEngine:
 
 
 class LlamaCppEngine:
-    """llama-cpp-python (``pip install llama-cpp-python``): autoregressive decoding of the GGUF
-    file behind ``--model``, fed our prompt token ids, greedy at temperature 0."""
+    """llama-cpp-python (``pip install llama-cpp-python``): decoding of the GGUF file behind
+    ``--model``, fed our prompt token ids, greedy at temperature 0. With ``draft_model`` in the
+    row's kwargs, its own speculative loop (``Llama(draft_model=...)``: the target checks the
+    drafted tokens in one batch and keeps the prefix it agrees with) with a second ``Llama`` on
+    the draft's GGUF file drafting ``num_draft_tokens`` greedily (``LlamaCppDrafter``)."""
 
     def __init__(self, spec: MethodSpec, args, max_len: int):
         from llama_cpp import Llama
 
         from specdec.registry import gguf_path
 
+        kwargs = _fill_draft(spec.kwargs, args.draft_model)
+        self.drafter = None
+        if "draft_model" in kwargs:
+            draft = kwargs.pop("draft_model")
+            path = gguf_path(draft)
+            if path is None:
+                raise ValueError(f"llamacpp-sd: no GGUF file behind the draft {draft}")
+            k = kwargs.pop("num_draft_tokens")
+            self.drafter = LlamaCppDrafter(path, k, max_len, args.threads)
+            kwargs["draft_model"] = self.drafter
         self.llm = Llama(
             model_path=str(gguf_path(args.model)),
             n_ctx=max_len,
@@ -450,11 +469,13 @@ class LlamaCppEngine:
             n_threads_batch=args.threads,
             seed=args.seed,
             verbose=False,
-            **spec.kwargs,
+            **kwargs,
         )
 
     def run(self, ids: list[int], n: int, temperature: float, seed: int) -> RunResult:
         self.llm.reset()  # no reuse of the previous run's KV cache: every run pays its prefill
+        if self.drafter is not None:
+            self.drafter.llm.reset()
         tokens: list[int] = []
         chunks: list[tuple[float, int]] = []
         t0 = time.perf_counter()
@@ -479,10 +500,38 @@ class LlamaCppEngine:
         return RunResult(tokens, decode, len(tokens) / wall, ttft)
 
     def close(self) -> None:
-        closer = getattr(self.llm, "close", None)
-        if closer is not None:
-            closer()
-        self.llm = None
+        self.llm = self.drafter = None
+
+
+class LlamaCppDrafter:
+    """A draft model for llama-cpp-python's speculative loop, which ships only prompt lookup:
+    called with the sequence so far, it returns the draft's next ``k`` greedy tokens. Its
+    ``generate`` keeps the KV cache of the longest prefix it has seen, so each call only
+    evaluates the tokens that changed since the last."""
+
+    def __init__(self, path, k: int, max_len: int, threads: int):
+        from llama_cpp import Llama
+
+        self.k = k
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=max_len + k + 1,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+
+    def __call__(self, input_ids, **kwargs):
+        import numpy as np
+
+        out: list[int] = []
+        gen = self.llm.generate(list(input_ids), temp=0.0, top_k=1, repeat_penalty=1.0)
+        for tok in gen:
+            out.append(int(tok))
+            if len(out) == self.k:
+                break
+        gen.close()
+        return np.array(out, dtype=np.intc)
 
 
 ENGINES = {"ours": OursEngine, "hf": HFEngine, "llamacpp": LlamaCppEngine}
