@@ -10,8 +10,8 @@ if [ ! -x .venv/bin/python ]; then
     echo "creating .venv with $($PY --version)"
     "$PY" -m venv .venv
 fi
-pip_install() {
-    .venv/bin/python -m pip install -q "$@" 2>&1 | grep -v '^WARNING: Location' || true
+pip_install() {  # pip's own exit status counts; only its noisy location warnings are dropped
+    .venv/bin/python -m pip install -q "$@" 2> >(grep -v '^WARNING: Location' >&2)
 }
 pip_install --upgrade pip
 pip_install torch==2.13.0
