@@ -21,7 +21,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fixed speculation length K (default: adaptive)",
     )
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "exact", "float32", "bfloat16"])
     g.add_argument("--device", default="cpu")
     g.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
     g.add_argument("--cpu-cores", default=None, help="pin to these CPU ids, e.g. 0 or 0,1")

@@ -156,10 +156,11 @@ class LLM:
             else None
         )  # fmt: skip
         self.num_threads = pin_cpu_cores(cpu_cores, num_threads)
-        self.dtype = resolve_dtype(dtype, self.device)
+        resolve_dtype(dtype, self.device)  # a bad name fails before any loading
+        self.dtype = dtype  # the weights' policy: each model resolves it for its own format
         self.model_path = Path(resolve_model(model))
         self.tokenizer = Tokenizer(self.model_path)
-        self.target = Transformer.from_folder(self.model_path, self.dtype, device)
+        self.target = Transformer.from_path(self.model_path, dtype, device)
         cfg = self.target.config
         self.max_model_len = min(
             max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
