@@ -251,7 +251,7 @@ def _check_gguf(gguf_path: Path):
     try:
         return GGUFModel(gguf_path)
     except GGUFError as exc:
-        raise ConversionError(f"could not use {gguf_path}: {exc}") from exc
+        raise ConversionError(str(exc)) from exc  # names the file already
 
 
 def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
