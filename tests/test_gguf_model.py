@@ -461,3 +461,23 @@ def test_not_a_gguf_file_leaves_nothing(tmp_path, home):
     with pytest.raises(GGUFError, match="not a GGUF file"):
         Transformer.from_path(bad)
     assert not home.exists() or list(home.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real
+def test_real_smollm2_native_matches_dequantized(smollm2_path):
+    """SmolLM2-135M (Q4_1, llama architecture): the native model in exact mode against the
+    same file dequantized to fp32; the default mode (int8 activations) agrees on the top-1."""
+    from specdec.tokenizer import Tokenizer
+
+    assert (Path(smollm2_path) / SOURCE_FILE).is_file()
+    ids = Tokenizer(smollm2_path).encode("def fibonacci(n):\n    ")
+    dense = logits_of(Transformer.from_path(smollm2_path, "float32"), ids)
+    exact = logits_of(Transformer.from_path(smollm2_path, "exact"), ids)
+    fast = logits_of(Transformer.from_path(smollm2_path, "auto"), ids)
+    torch.testing.assert_close(exact, dense, rtol=1e-3, atol=1e-3)
+    assert (exact.argmax(-1) == dense.argmax(-1)).all()
+    assert fast[-1].argmax() == dense[-1].argmax()
+    assert (fast.argmax(-1) == dense.argmax(-1)).float().mean() >= 0.9
