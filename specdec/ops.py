@@ -171,8 +171,9 @@ def linear(x: torch.Tensor, lw: LinearWeight | FusedWeight) -> torch.Tensor:
             w = w.to(x.dtype) * lw.scale.to(x.dtype)[:, None]
         elif w.dtype == torch.uint8:
             w = int4_dequantize(lw, x.shape[-1]).to(x.dtype)
-        b = None if lw.bias is None else lw.bias.to(x.dtype)
-        return F.linear(x.to(w.dtype), w, b).to(x.dtype)
+        dt = torch.promote_types(x.dtype, w.dtype)  # fp32 x keeps its precision on bf16 w
+        b = None if lw.bias is None else lw.bias.to(dt)
+        return F.linear(x.to(dt), w.to(dt), b).to(x.dtype)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous().float()
     m, k = x2.shape
