@@ -16,7 +16,12 @@ PROSE = "Describe a walk through a forest in autumn."
 def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    from specdec.gguf_model import source_of
+
+    gguf = source_of(folder)  # a pulled model's folder holds no weights: read them from the file
+    kw = {} if gguf is None else {"gguf_file": gguf.name}
+    where = folder if gguf is None else gguf.parent
+    model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw).eval()
     model.generation_config.eos_token_id = None
     x = torch.tensor([ids])
     with torch.no_grad():  # an explicit mask: chat prompts contain the pad id (<|im_end|>)
