@@ -42,7 +42,7 @@ class LinearWeight:
     precise. For int4 it is meant for drafters, where any q they really sample from keeps
     decoding exact; a GGUF target uses it by default too (every decoding method then runs the
     same products, so greedy outputs stay identical across methods). Where no such
-    kernel runs (other CPUs, torch), x stays in floating point."""
+    kernel runs (other CPUs, torch), int4 keeps x in floating point."""
 
     weight: torch.Tensor | gguf_kernels.PackedWeight
     bias: torch.Tensor | None = None
@@ -129,16 +129,12 @@ def quantize_x_int8(x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_packed(x: torch.Tensor, lw: LinearWeight, out: torch.Tensor | None = None):
-    """A GGUF matrix: our GGUF kernels on CPUs, a dequantized copy elsewhere."""
+    """A GGUF matrix (the GGUF kernels fall back to torch by themselves where ours are off).
+    ``out``: a column slice of a wider output to write into."""
     w = lw.weight
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1]).float()
-    if kernels.library() is None or x.device.type != "cpu":
-        y = F.linear(x2, gguf_kernels.dequantize(w).to(x2.device), lw.bias)
-        if out is None:
-            return y.view(*shape[:-1], w.out_features)
-        return out.copy_(y)
-    y = gguf_kernels.linear(x2.contiguous(), w, lw.bias, out=out, int8_x=lw.int8_x)
+    x2 = x.reshape(-1, shape[-1]).contiguous().float()
+    y = gguf_kernels.linear(x2, w, lw.bias, out=out, int8_x=lw.int8_x)
     return y if out is not None else y.view(*shape[:-1], w.out_features)
 
 
