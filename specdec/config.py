@@ -123,7 +123,11 @@ class ModelConfig:
 
 # -- the engine's options -----------------------------------------------------------------------
 METHODS = ("ar", "sd", "ngram", "ssd")
-DTYPES = ("auto", "float32", "bfloat16")
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# auto: a GGUF file natively (its own quantization, int8 activations in the products), an HF
+# folder in bf16 where our kernels or the hardware handle it; exact: a GGUF file natively with
+# fp32 activations, an HF folder in fp32; a dtype name: weights in that dtype (GGUF dequantized)
+DTYPES = ("auto", "exact", *TORCH_DTYPES)
 DRAFT_QUANTIZATIONS = ("auto", "none", "int8", "int4")
 FANOUTS = ("geometric", "uniform", "pipeline")
 BACKUPS = ("auto", "neural", "fast")
@@ -252,7 +256,12 @@ class EngineConfig:
         flags=("-k", "--num-speculative-tokens"),
     )
     max_speculative_tokens: int = option(8, "the adaptive K's ceiling (sd, ngram)")
-    dtype: str = option("auto", "weights' dtype (auto: bf16 where the hardware has it)", DTYPES)
+    dtype: str = option(
+        "auto",
+        "weights: auto (GGUF: natively quantized; HF: bf16), exact (GGUF: native with fp32 "
+        "activations; HF: fp32), or a dtype (GGUF dequantized at load)",
+        DTYPES,
+    )
     device: str = option("cpu", "cpu or cuda")
     num_threads: int | None = option(None, "threads (default: all cores)", flags=("--threads",))
     cpu_cores: list[int] | None = option(None, "pin to these CPU ids, e.g. 0 or 0,1")
@@ -325,4 +334,4 @@ class DraftSpec:
     path: Path
     quantization: str | None
     head_ids: torch.Tensor | None
-    dtype: torch.dtype
+    dtype: str | torch.dtype  # the weights policy (``EngineConfig.dtype``) or a torch dtype

@@ -81,10 +81,11 @@ class LLM:
         if config.cpu_cores is not None and hasattr(os, "sched_getaffinity"):
             self._affinity_before = os.sched_getaffinity(0)
         self.num_threads = pin_cpu_cores(config.cpu_cores, config.num_threads)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        resolve_dtype(config.dtype, self.device)  # a bad name fails before any loading
+        self.dtype = config.dtype  # the weights' policy: each model resolves it for its format
         self.model_path = Path(resolve_model(config.model))
         self.tokenizer = Tokenizer(self.model_path)
-        self.target = Transformer.from_folder(self.model_path, self.dtype, config.device)
+        self.target = Transformer.from_path(self.model_path, self.dtype, config.device)
         cfg = self.target.config
         self.max_model_len = min(
             config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings

@@ -13,58 +13,106 @@ from pathlib import Path
 
 import torch
 
-from specdec import kernels, ops
-from specdec.config import ModelConfig
+from specdec import gguf_model, kernels, ops
+from specdec.config import DTYPES, TORCH_DTYPES, ModelConfig
 from specdec.kv_cache import KVCache
 from specdec.weights import load_weights
-
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
 
 
 def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & kernels.cpu_flags())
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto' is bf16 where the hardware computes in bf16 natively (CUDA, avx512_bf16/AMX
-    CPUs) and fp32 elsewhere."""
+NATIVE = ("native", "exact")  # GGUF matrices in their own quantization (see resolve_dtype)
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype, device: torch.device, gguf: bool = False
+) -> torch.dtype | str:
+    """The weights' format for a model: a torch dtype, or for a GGUF file on a CPU "native"
+    (the file's own quantization, int8 activations in products) or "exact" (the same with
+    exact fp32 activations).
+
+    "auto": a GGUF file runs natively (on CUDA: dequantized to bf16); an HF folder keeps bf16
+    where our CPU kernels run (they widen bf16 to fp32 in registers: half fp32's bytes) or the
+    hardware computes in bf16 (CUDA, avx512_bf16/AMX), fp32 elsewhere. "exact": a GGUF file
+    natively with exact activations, an HF folder in fp32. A dtype name dequantizes a GGUF
+    file to that dtype at load."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype in ("auto", "exact") and gguf:
+        if device.type != "cpu":
+            return torch.bfloat16
+        return "native" if dtype == "auto" else "exact"
     if dtype == "auto":
         if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
             return torch.bfloat16
+        return torch.bfloat16 if ops.use_kernels(device) else torch.float32
+    if dtype == "exact":
         return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use auto, float32 or bfloat16")
-    return DTYPES[dtype]
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    return TORCH_DTYPES[dtype]
 
 
 class Transformer:
-    def __init__(self, cfg: ModelConfig, weights: dict, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, cfg: ModelConfig, weights: dict, device: torch.device, dtype: torch.dtype | str
+    ):
         self.config = cfg
         self.device = device
-        self.dtype = dtype  # weights' storage dtype
-        # our CPU kernels compute in fp32 whatever the weights' dtype; torch uses the dtype
-        self.act_dtype = torch.float32 if ops.use_kernels(device) else dtype
+        self.dtype = dtype  # weights' storage dtype, or "native"/"exact" (resolve_dtype)
+        self.native = dtype in NATIVE
+        # our CPU kernels compute in fp32 whatever the weights' format; torch uses the dtype
+        native_or_kernels = self.native or ops.use_kernels(device)
+        self.act_dtype = torch.float32 if native_or_kernels else dtype
         self.w = weights
+        self.head_ids: torch.Tensor | None = None  # the output rows kept, if not all
         self._inv_freq = cfg.rope_inv_freq().float()
+        if "rope_freqs" in weights:  # per-frequency factors stored in a GGUF file (Llama 3)
+            self._inv_freq = self._inv_freq / weights["rope_freqs"]
         self._cos = self._sin = torch.empty(0)
 
     @classmethod
-    def from_folder(
-        cls, folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    def from_path(
+        cls,
+        path: str | Path,
+        dtype: str | torch.dtype = "auto",
+        device: str = "cpu",
+        head_ids: torch.Tensor | None = None,
     ) -> Transformer:
-        folder = Path(folder)
-        cfg = ModelConfig.from_json(folder / "config.json")
+        """Load an HF-format folder, a .gguf file, or a cache folder standing for one (see
+        ``registry``). ``dtype``: see ``resolve_dtype``. ``head_ids`` (GGUF only): the output
+        rows to keep; the rest of the head is never read (``model.head_ids`` says if applied)."""
         dev = torch.device(device)
-        return cls(cfg, load_weights(folder, cfg, dtype, dev), dev, dtype)
+        source = gguf_model.source_of(path)
+        if source is None:
+            path = Path(path)
+            cfg = ModelConfig.from_json(path / "config.json")
+            dt = resolve_dtype(dtype, dev)
+            return cls(cfg, load_weights(path, cfg, dt, dev), dev, dt)
+        return cls.from_gguf(source, dtype, device, head_ids)
+
+    @classmethod
+    def from_gguf(
+        cls,
+        path: str | Path,
+        dtype: str | torch.dtype = "auto",
+        device: str = "cpu",
+        head_ids: torch.Tensor | None = None,
+    ) -> Transformer:
+        dev = torch.device(device)
+        mode = resolve_dtype(dtype, dev, gguf=True)
+        file = gguf_model.GGUFModel(path)  # checks everything before reading any weight
+        model = cls(file.config, file.load_weights(mode, dev, head_ids), dev, mode)
+        model.head_ids = head_ids
+        return model
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu"
+    ) -> Transformer:
+        return cls.from_path(folder, dtype, device)
 
     # -- pieces ------------------------------------------------------------------------------
     def new_cache(self, max_rows: int, max_len: int) -> KVCache:
@@ -114,7 +162,7 @@ class Transformer:
         h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         scale = d**-0.5
 
-        x = w["embed"][tokens.to(self.device)].to(self.act_dtype)
+        x = ops.embed(w["embed"], tokens).to(self.act_dtype)
         for i, layer in enumerate(w["layers"]):
             h = ops.rmsnorm(x, layer["attn_norm"], cfg.rms_norm_eps)
             qkv = ops.linear(h, layer["qkv"])

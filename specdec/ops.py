@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec import kernels
+from specdec.kernels import gguf as gguf_kernels
 
 _threads = [max(1, torch.get_num_threads())]
 
@@ -28,32 +29,50 @@ def use_kernels(device: torch.device) -> bool:
 
 @dataclass
 class LinearWeight:
-    """y = x @ weight.T * scale + bias, weight [out, in] in its storage dtype.
+    """y = x @ weight.T * scale + bias, weight [out, in] in its storage dtype, or a GGUF
+    matrix in its own quantization (``gguf_kernels.PackedWeight``; ``scale`` unused).
 
     ``scale`` is set only for quantized weights: int8 ``weight`` [out, in] with an fp32 scale
     per output row, or int4: ``weight`` uint8 [out, ceil(in/128)*64] (two 4-bit values a byte,
     placed as ``int4_nibble_k`` says; rows zero-padded to a multiple of 128 inputs) with an
     fp16 scale per group of 32 inputs, [out, ceil(in/128)*4].
 
-    ``int8_x`` (int4 only) lets our kernels quantize x to int8 per row and 128 inputs, for the
-    CPU's int8 dot-product instructions (VNNI): about twice as fast, slightly less precise.
-    Meant for drafters, where any q they really sample from keeps decoding exact. Where no such
-    kernel runs (other CPUs, torch), x stays in floating point."""
+    ``int8_x`` (int4 and GGUF matrices) lets our kernels round x to int8 per row and block
+    of inputs, for the CPU's int8 dot-product instructions: about twice as fast, slightly less
+    precise. For int4 it is meant for drafters, where any q they really sample from keeps
+    decoding exact; a GGUF target uses it by default too (every decoding method then runs the
+    same products, so greedy outputs stay identical across methods). Where no such
+    kernel runs (other CPUs, torch), int4 keeps x in floating point."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | gguf_kernels.PackedWeight
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     int8_x: bool = False
 
     @property
     def out_features(self) -> int:
-        return self.weight.shape[0]
+        w = self.weight
+        return w.out_features if isinstance(w, gguf_kernels.PackedWeight) else w.shape[0]
 
     def to(self, device: torch.device) -> LinearWeight:
         def move(t):
             return None if t is None else t.to(device)
 
         return LinearWeight(move(self.weight), move(self.bias), move(self.scale), self.int8_x)
+
+
+@dataclass
+class FusedWeight:
+    """Several matrices side by side along the output (q|k|v, gate|up) that cannot be one
+    matrix because their formats differ (a Q4_K_M file mixes Q4_K and Q6_K within a layer).
+    ``linear`` writes each part's product into its column slice of one output."""
+
+    parts: list[LinearWeight]  # without biases
+    bias: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -109,7 +128,38 @@ def quantize_x_int8(x: torch.Tensor) -> torch.Tensor:
     return (q * (amax / 127.0).double()).reshape(m, kp)[:, :k]
 
 
-def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
+def _linear_packed(x: torch.Tensor, lw: LinearWeight, out: torch.Tensor | None = None):
+    """A GGUF matrix (the GGUF kernels fall back to torch by themselves where ours are off).
+    ``out``: a column slice of a wider output to write into."""
+    w = lw.weight
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous().float()
+    y = gguf_kernels.linear(x2, w, lw.bias, out=out, int8_x=lw.int8_x)
+    return y if out is not None else y.view(*shape[:-1], w.out_features)
+
+
+def _linear_fused(x: torch.Tensor, fw: FusedWeight) -> torch.Tensor:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    y = torch.empty(x2.shape[0], fw.out_features, dtype=torch.float32, device=x.device)
+    col = 0
+    for part in fw.parts:
+        n = part.out_features
+        if isinstance(part.weight, gguf_kernels.PackedWeight):
+            _linear_packed(x2, part, out=y[:, col : col + n])
+        else:
+            y[:, col : col + n] = linear(x2, part)
+        col += n
+    if fw.bias is not None:
+        y += fw.bias
+    return y.view(*shape[:-1], fw.out_features)
+
+
+def linear(x: torch.Tensor, lw: LinearWeight | FusedWeight) -> torch.Tensor:
+    if isinstance(lw, FusedWeight):
+        return _linear_fused(x, lw)
+    if isinstance(lw.weight, gguf_kernels.PackedWeight):
+        return _linear_packed(x, lw)
     lib = kernels.library() if x.device.type == "cpu" else None
     w = lw.weight
     if lib is None:
@@ -117,8 +167,9 @@ def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
             w = w.to(x.dtype) * lw.scale.to(x.dtype)[:, None]
         elif w.dtype == torch.uint8:
             w = int4_dequantize(lw, x.shape[-1]).to(x.dtype)
-        b = None if lw.bias is None else lw.bias.to(x.dtype)
-        return F.linear(x.to(w.dtype), w, b).to(x.dtype)
+        dt = torch.promote_types(x.dtype, w.dtype)  # fp32 x keeps its precision on bf16 w
+        b = None if lw.bias is None else lw.bias.to(dt)
+        return F.linear(x.to(dt), w.to(dt), b).to(x.dtype)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous().float()
     m, k = x2.shape
@@ -142,6 +193,16 @@ def linear(x: torch.Tensor, lw: LinearWeight) -> torch.Tensor:
     else:
         raise TypeError(f"unsupported weight dtype {w.dtype}")
     return y.view(*shape[:-1], n)
+
+
+def embed(table: torch.Tensor | gguf_kernels.PackedWeight, tokens: torch.Tensor):
+    """Rows ``tokens`` [B,T] of the embedding table; a GGUF table stays quantized and only
+    the rows asked for are dequantized."""
+    if isinstance(table, gguf_kernels.PackedWeight):
+        flat = tokens.reshape(-1).cpu().long()
+        rows = gguf_kernels.dequantize_rows(table, flat)
+        return rows.view(*tokens.shape, table.in_features)
+    return table[tokens.to(table.device)]
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

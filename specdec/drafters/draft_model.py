@@ -22,17 +22,19 @@ from specdec.sequence import Sequence
 
 
 def load_draft_model(
-    folder, dtype: torch.dtype, device: str, quantization: str | None, head_ids
+    path, dtype: str | torch.dtype, device: str, quantization: str | None, head_ids
 ) -> Transformer:
     """The draft model made as cheap as asked: int8/int4 matrices, an output head over
-    ``head_ids``."""
+    ``head_ids``. A GGUF draft keeps the file's quantization (re-quantizing it would only lose
+    precision) and reads only the kept rows of its head."""
     from specdec import quantize
 
-    draft = Transformer.from_folder(folder, dtype, device)
-    if quantization is not None:
+    keep = None if head_ids is None else torch.as_tensor(head_ids, dtype=torch.int64)
+    draft = Transformer.from_path(path, dtype, device, head_ids=keep)
+    if quantization is not None and not draft.native:
         getattr(quantize, f"quantize_model_{quantization}")(draft)
-    if head_ids is not None:
-        restrict_head(draft, torch.as_tensor(head_ids, dtype=torch.int64))
+    if keep is not None and draft.head_ids is None:
+        restrict_head(draft, keep)
     return draft
 
 

@@ -106,7 +106,7 @@ class DraftWorker:
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
         self.model = load_draft_model(
-            cfg.draft_path, getattr(torch, cfg.dtype), cfg.device, cfg.quantization, cfg.head_ids
+            cfg.draft_path, cfg.dtype, cfg.device, cfg.quantization, cfg.head_ids
         )
         self.tree_slack = (cfg.k + 2) * (cfg.budget + 2) + 8
         self.cache = self.model.new_cache(cfg.max_rows, cfg.max_len + self.tree_slack)
