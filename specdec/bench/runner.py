@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from specdec.config import DTYPES
+
 PROMPTS_FILE = Path(__file__).with_name("prompts.json")
 PROMPT_TYPES = ("code", "prose", "chat")
 DRAFT = "<draft>"  # placeholder in a row's kwargs, replaced by --draft-model
@@ -142,7 +144,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     labels = ", ".join(m.label for m in METHODS)
     p.add_argument("--model", default=DEFAULT_TARGET, help="target: alias, HF folder or .gguf")
     p.add_argument("--draft-model", default=DEFAULT_DRAFT, help="draft for the speculative rows")
-    p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="our rows' weights (auto: GGUF natively; see LLM's dtype); transformers runs bf16 "
+        "for auto",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads for every method (default 2)")
     p.add_argument(
         "--max-tokens", type=int, default=None, help="new tokens per run (default 128; quick 8)"
@@ -163,6 +171,17 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument(
         "--quick", action="store_true", help="smoke test: 8 tokens, 1 prompt per type, 1 repeat"
+    )
+    p.add_argument(
+        "--pass-dtypes",
+        default="auto,bfloat16",
+        help="weight formats of the per-pass table (pass times by size, GB/s), comma list; "
+        "'none' skips it",
+    )
+    p.add_argument(
+        "--fidelity",
+        action="store_true",
+        help="only report each weight format's teacher-forced agreement with the fp32 model",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0, help="seed when temperature > 0")
@@ -452,9 +471,10 @@ class LlamaCppEngine:
 
         from specdec.registry import gguf_path
 
-        kwargs = _fill_draft(spec.kwargs, args.draft_model)
+        kwargs = dict(spec.kwargs)
         self.drafter = None
         if "draft_model" in kwargs:
+            kwargs = _fill_draft(kwargs, args.draft_model)
             draft = kwargs.pop("draft_model")
             path = gguf_path(draft)
             if path is None:
@@ -771,6 +791,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from specdec.registry import resolve_model
 
     _settle(args)
+    if args.fidelity:
+        return run_fidelity(args)
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     methods = select_methods(args.methods, args.model)
     prompts = load_prompts(types, args.prompts_per_type)
@@ -796,6 +818,7 @@ def run_bench(args: argparse.Namespace) -> int:
             for p, ids in zip(prompts, prompt_ids)
         ],
         "methods": {},
+        "passes": pass_rows(args),
     }
     # Repeats are the outer loop and every repeat runs the methods in the opposite order to
     # the one before: a machine that speeds up or slows down during the run (other tenants,
@@ -820,6 +843,40 @@ def run_bench(args: argparse.Namespace) -> int:
         report["methods"][spec.label] = res
     add_speedups(report["methods"])
     stamped, latest, png = write_report(report, Path(args.out))
+    if report["passes"]:
+        from specdec.bench.passes import format_pass_table
+
+        print(format_pass_table(report["passes"]) + "\n")
     print(format_table(report))
     print(f"\nwrote {stamped}, {latest} and {png}")
+    return 0
+
+
+def pass_rows(args: argparse.Namespace) -> list[dict]:
+    """The per-pass table's rows: for each weight format, the target's passes and the draft's
+    step as SD drafts with it (its quantization and output head)."""
+    from specdec import LLM
+    from specdec.bench.passes import pass_row
+
+    formats = [d.strip() for d in args.pass_dtypes.split(",") if d.strip() not in ("", "none")]
+    rows = []
+    for dtype in formats:
+        print(f"timing forward passes ({dtype} weights)...", file=sys.stderr, flush=True)
+        pair = {"model": args.model, "draft_model": args.draft_model, "method": "sd"}
+        with LLM(**pair, dtype=dtype, num_threads=args.threads, max_model_len=512) as llm:
+            rows.append(pass_row(dtype, llm.target, llm.decoder.drafter.model))
+    return rows
+
+
+def run_fidelity(args: argparse.Namespace) -> int:
+    from specdec.bench.fidelity import fidelity_report, format_fidelity
+
+    rows = fidelity_report(args.model, threads=args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine_info(args), "model": str(args.model), "fidelity": rows}
+    path = out / f"fidelity-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_fidelity(rows))
+    print(f"\nwrote {path}")
     return 0
