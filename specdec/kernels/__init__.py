@@ -28,6 +28,7 @@ from pathlib import Path
 from specdec.paths import specdec_home
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
+HEADERS = [Path(__file__).with_name("gguf_kernels.h")]  # included by SOURCE: part of the build key
 COMMON_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # build name -> (extra compiler flags, CPU flags it needs beyond AVX2/FMA/F16C)
 BUILDS = {
@@ -41,7 +42,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -57,7 +58,10 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _L, _L, _I],
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
+    "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
+    "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
 }
+_RESTYPES = {"gguf_linear": _I, "gguf_dequantize": _I}  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only
 
 
@@ -113,7 +117,8 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
     if name not in supported_builds():
         return None, f"this CPU cannot run the {name} build"
     flags = COMMON_FLAGS + BUILDS[name][0]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
+    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     try:
         lib_path = _build(specdec_home() / "kernels" / key, flags)
         lib = ctypes.CDLL(str(lib_path))
@@ -126,7 +131,7 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
         if fn is None and fn_name in OPTIONAL:
             continue
         fn.argtypes = argtypes
-        fn.restype = None
+        fn.restype = _RESTYPES.get(fn_name)
     return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes)"
 
 
