@@ -55,14 +55,18 @@ struct alignas(64) KBuf {
     bool mins;
 };
 
-// Q4_K/Q5_K: eight 6-bit scales and mins in 12 bytes (the top two bits of 4-7 live in 0-7)
+// Q4_K/Q5_K: eight 6-bit scales and mins in 12 bytes (the top two bits of 4-7 live in 0-7),
+// each stored twice in sc/mn (they are per 32 k; KBuf's are per 16)
+static inline __m256i twice(uint32_t lo, uint32_t hi) {  // 8 bytes -> 16 int16, each twice
+    const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((uint64_t)hi << 32 | lo)));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+}
 static inline void scales_k4(const uint8_t *s, KBuf &u) {
-    for (int j = 0; j < 8; j++) {
-        const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        u.sc[2 * j] = u.sc[2 * j + 1] = (int16_t)sc;
-        u.mn[2 * j] = u.mn[2 * j + 1] = (int16_t)mn;
-    }
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
+    st(u.sc, twice(a[0] & m6, (a[2] & m4) | ((a[0] >> 2) & top)));
+    st(u.mn, twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)));
 }
 
 struct TQ4_K {  // d, dmin, scales[12], qs[128]: chunk c's low nibbles are k 64c.., high 64c+32..
@@ -145,19 +149,24 @@ struct TQ3_K {  // hmask[32], qs[64], scales[12], d; q = 2 bits | hmask bit << 2
 };
 
 // the integer forms of the scales that dot_k reads
+static inline __m256i word_pick(int g) {  // low half: int16 word 2g, high half: word 2g + 1
+    const char a = (char)(4 * g), b = (char)(4 * g + 2), a1 = (char)(a + 1), b1 = (char)(b + 1);
+    return _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, b, b1, b, b1, b,
+                            b1, b, b1, b, b1, b, b1, b, b1, b, b1);
+}
 static inline void k_ready(KBuf &u) {
     const __m256i sc = ld(u.sc);
     const __m256i lo = _mm256_permute2x128_si256(sc, sc, 0x00);  // sc[0..7] in both halves
     const __m256i hi = _mm256_permute2x128_si256(sc, sc, 0x11);  // sc[8..15]
-    for (int g = 0; g < 4; g++) {  // low half: word 2g, high half: word 2g + 1
-        const char a = (char)(4 * g), b = (char)(4 * g + 2);
-        const __m256i pick = _mm256_setr_epi8(a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1,
-                                              a, a + 1, a, a + 1, a, a + 1, b, b + 1, b, b + 1,
-                                              b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1,
-                                              b, b + 1);
-        st(u.sv[g], _mm256_shuffle_epi8(lo, pick));
-        st(u.sv[g + 4], _mm256_shuffle_epi8(hi, pick));
-    }
+    const __m256i p0 = word_pick(0), p1 = word_pick(1), p2 = word_pick(2), p3 = word_pick(3);
+    st(u.sv[0], _mm256_shuffle_epi8(lo, p0));
+    st(u.sv[1], _mm256_shuffle_epi8(lo, p1));
+    st(u.sv[2], _mm256_shuffle_epi8(lo, p2));
+    st(u.sv[3], _mm256_shuffle_epi8(lo, p3));
+    st(u.sv[4], _mm256_shuffle_epi8(hi, p0));
+    st(u.sv[5], _mm256_shuffle_epi8(hi, p1));
+    st(u.sv[6], _mm256_shuffle_epi8(hi, p2));
+    st(u.sv[7], _mm256_shuffle_epi8(hi, p3));
     st(u.ov, u.mins ? ld(u.mn) : _mm256_mullo_epi16(sc, _mm256_set1_epi16((short)u.off)));
 }
 
