@@ -346,11 +346,18 @@ struct XRows {
 };
 
 static void quantize_block(const float *x, long n, int8_t *q, float *dx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 vmax = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
     float amax = 0.0f;
-    for (long k = 0; k < n; k++) amax = fmaxf(amax, fabsf(x[k]));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    for (; k < n; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     *dx = amax / 127.0f;
-    long k = 0;
+    k = 0;
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (; k + 32 <= n; k += 32) {  // round-to-nearest-even, as the reference does
@@ -507,7 +514,7 @@ static void rows(const Job &j, long n0, long n1) {
         const long mc = M - m0 < MC ? M - m0 : MC;
         long cg = XBYTES / (mc * G * (j.x->xf ? 4 : 1));
         cg = cg < 1 ? 1 : cg;
-        memset(acc, 0, sizeof(acc));
+        memset(acc, 0, sizeof(float) * (n1 - n0) * mc * 16);
         for (long g0 = 0; g0 < j.groups; g0 += cg) {
             const long g1 = g0 + cg < j.groups ? g0 + cg : j.groups;
             for (long n = n0; n < n1; n++) {
@@ -516,13 +523,13 @@ static void rows(const Job &j, long n0, long n1) {
                 for (long g = g0; g < g1; g++) {
                     P::unpack(row, g, j.K, u);
                     for (long m = 0; m < mc; m++)
-                        P::dot(u, *j.x, m0 + m, g, acc + ((n - n0) * MC + m) * 16);
+                        P::dot(u, *j.x, m0 + m, g, acc + ((n - n0) * mc + m) * 16);
                 }
             }
         }
         for (long n = n0; n < n1; n++)
             for (long m = 0; m < mc; m++) {
-                const float *a = acc + ((n - n0) * MC + m) * 16;
+                const float *a = acc + ((n - n0) * mc + m) * 16;
                 float s = hsum8(_mm256_loadu_ps(a)) + hsum8(_mm256_loadu_ps(a + 8));
                 if (j.bias) s += j.bias[n];
                 j.y[(m0 + m) * j.ldy + n] = s;
@@ -534,7 +541,7 @@ template <class P>
 static void run(const Job &j, int nt) {
     constexpr long NB = 8;
     const long items = (j.N + NB - 1) / NB;
-#pragma omp parallel for schedule(dynamic, 2) num_threads(nt)
+#pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1 && items > 1)
     for (long it = 0; it < items; it++) {
         const long n0 = it * NB, n1 = n0 + NB < j.N ? n0 + NB : j.N;
         rows<P>(j, n0, n1);
