@@ -31,10 +31,9 @@ SHAPES = [
     (Q.Q8_0, 151936, 896, "0.5B head"),
     (Q.Q4_1, 4096, 1536, "Q4_1"),
 ]
-SCALE_AT = {  # byte offsets of fp16 scales in a block: made small and finite
-    Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
-    Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
-}  # fmt: skip
+# byte offsets of fp16 scales in a block: made small and finite
+SCALE_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0]}
+SCALE_AT |= {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
 
 
 def random_weight(qtype, n: int, k: int) -> gk.PackedWeight:

@@ -92,11 +92,17 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _check_out(out: torch.Tensor, m: int, n: int) -> None:
-    if out.dtype != torch.float32 or out.device.type != "cpu":
-        raise ValueError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
-    if out.shape != (m, n) or out.stride(1) != 1 or (m > 1 and out.stride(0) < n):
-        raise ValueError(f"out must be [{m}, {n}] with unit column stride, got {tuple(out.shape)}")
+def _check(x: torch.Tensor, w: PackedWeight, bias, out) -> None:
+    if x.dim() != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"x must be [M, {w.in_features}], got {tuple(x.shape)}")
+    m, n = x.shape[0], w.out_features
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)):
+        raise ValueError(f"bias must be float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
+    if out is not None:
+        if out.dtype != torch.float32 or out.device.type != "cpu":
+            raise ValueError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
+        if out.shape != (m, n) or out.stride(1) != 1 or (m > 1 and out.stride(0) < n):
+            raise ValueError(f"out must be [{m}, {n}] with unit column stride, got {out.shape}")
 
 
 def linear(
@@ -108,26 +114,24 @@ def linear(
 ) -> torch.Tensor:
     """y = x @ W.T + bias for x fp32 [M, in]: fp32 [M, out], written into ``out`` if given (a
     [M, out] view with unit column stride, e.g. a column slice of a wider tensor)."""
-    if x.dim() != 2 or x.shape[1] != w.in_features:
-        raise ValueError(f"x must be [M, {w.in_features}], got {tuple(x.shape)}")
+    _check(x, w, bias, out)
     m, n = x.shape[0], w.out_features
-    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)):
-        raise ValueError(f"bias must be float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
     if out is None:
         out = torch.empty(m, n, dtype=torch.float32)
-    _check_out(out, m, n)
     lib = kernels.library()
     if lib is None or m == 0:
         xs = quantize_x_reference(x, w.qtype).float() if int8_x else x.float()
         out.copy_(F.linear(xs, dequantize(w), bias))
         return out
-    x = x.contiguous().float()
-    bias = None if bias is None else bias.contiguous()
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.contiguous().float()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     ldy = out.stride(0) if m > 1 else n
+    k, x_ptr, b_ptr, y_ptr = w.in_features, x.data_ptr(), _ptr(bias), out.data_ptr()
     rc = lib.gguf_linear(
-        w.qtype, _ptr(x), _ptr(w.data), _ptr(bias), _ptr(out), ldy, m, n, w.in_features,
-        int(int8_x), _threads[0],
-    )  # fmt: skip
+        w.qtype, x_ptr, w.data.data_ptr(), b_ptr, y_ptr, ldy, m, n, k, int8_x, _threads[0]
+    )
     if rc != 0:
         raise ValueError(f"no GGUF kernel for {type_name(w.qtype)}")
     return out
