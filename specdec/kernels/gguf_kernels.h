@@ -110,7 +110,8 @@ struct TQ6_K {  // ql[128], qh[64], int8 scales[16], d; q = ql nibble | 2 bits o
                 st(u.q + 128 * h + 32 * s, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
             }
         }
-        for (int i = 0; i < 16; i++) u.sc[i] = (int8_t)b[192 + i], u.mn[i] = 0;
+        st(u.sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+        st(u.mn, _mm256_setzero_si256());
         u.d = u.dmin = f16(b + 208), u.off = 32, u.mins = false;
     }
 };
@@ -122,7 +123,9 @@ struct TQ2_K {  // scales[16] (sc low nibble, mn high), qs[64], d, dmin; 2-bit q
             const __m256i v = ld(b + 16 + 32 * h);
             for (int s = 0; s < 4; s++) st(u.q + 128 * h + 32 * s, _mm256_and_si256(srl16(v, 2 * s), m2));
         }
-        for (int i = 0; i < 16; i++) u.sc[i] = b[i] & 15, u.mn[i] = b[i] >> 4;
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
+        st(u.sc, _mm256_and_si256(sm, _mm256_set1_epi16(15)));
+        st(u.mn, _mm256_srli_epi16(sm, 4));
         u.d = f16(b + 80), u.dmin = f16(b + 82), u.off = 0, u.mins = true;
     }
 };
