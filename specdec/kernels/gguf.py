@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec import kernels
+from specdec import kernels, ops
 
 Q = gguf.GGMLQuantizationType
 SUPPORTED: frozenset[int] = frozenset(
@@ -32,12 +32,10 @@ SUPPORTED: frozenset[int] = frozenset(
 FLOATS = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))  # int8_x does not apply to these
 K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 
-_threads = [max(1, torch.get_num_threads())]
-
 
 def set_num_threads(n: int) -> None:
-    """Threads our GGUF kernels use."""
-    _threads[0] = max(1, int(n))
+    """Threads our kernels use (shared with ``ops``: one setting for every kernel)."""
+    ops.set_num_threads(n)
 
 
 def supported(qtype: int) -> bool:
@@ -130,7 +128,7 @@ def linear(
     ldy = out.stride(0) if m > 1 else n
     k, x_ptr, b_ptr, y_ptr = w.in_features, x.data_ptr(), _ptr(bias), out.data_ptr()
     rc = lib.gguf_linear(
-        w.qtype, x_ptr, w.data.data_ptr(), b_ptr, y_ptr, ldy, m, n, k, int8_x, _threads[0]
+        w.qtype, x_ptr, w.data.data_ptr(), b_ptr, y_ptr, ldy, m, n, k, int8_x, ops._threads[0]
     )
     if rc != 0:
         raise ValueError(f"no GGUF kernel for {type_name(w.qtype)}")
@@ -155,7 +153,7 @@ def dequantize_rows(w: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
         return _dequantize_rows_torch(w, rows)
     out = torch.empty(rows.numel(), w.in_features, dtype=torch.float32)
     lib.gguf_dequantize(
-        w.qtype, _ptr(w.data), _ptr(rows), rows.numel(), w.in_features, _ptr(out), _threads[0]
+        w.qtype, _ptr(w.data), _ptr(rows), rows.numel(), w.in_features, _ptr(out), ops._threads[0]
     )
     return out
 
@@ -167,7 +165,7 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
         return _dequantize_rows_torch(w, None)
     out = torch.empty(w.out_features, w.in_features, dtype=torch.float32)
     lib.gguf_dequantize(
-        w.qtype, _ptr(w.data), None, w.out_features, w.in_features, _ptr(out), _threads[0]
+        w.qtype, _ptr(w.data), None, w.out_features, w.in_features, _ptr(out), ops._threads[0]
     )
     return out
 

@@ -189,7 +189,7 @@ static inline void k_f32(const KBuf &u, float *out) {
 struct alignas(64) BBuf {
     uint8_t q[G];  // unsigned quants (Q8_0: |q|)
     int8_t s[G];   // Q8_0: the signed quants
-    float d[8], m[8];
+    alignas(32) float d[8], m[8];
 };
 
 static inline __m256i nibbles(const uint8_t *qs) {  // 16 bytes -> low nibbles, then high ones
@@ -212,7 +212,6 @@ struct TQ4_0 {
     static constexpr int QK = 32, BYTES = 18, OFF = 8;
     static constexpr bool MINS = false, SIGNED = false;
     static void block(const uint8_t *b, BBuf &u, int i) {
-        u.d[i] = f16(b), u.m[i] = 0.0f;
         st(u.q + 32 * i, nibbles(b + 2));
     }
 };
@@ -220,7 +219,6 @@ struct TQ4_1 {
     static constexpr int QK = 32, BYTES = 20, OFF = 0;
     static constexpr bool MINS = true, SIGNED = false;
     static void block(const uint8_t *b, BBuf &u, int i) {
-        u.d[i] = f16(b), u.m[i] = f16(b + 2);
         st(u.q + 32 * i, nibbles(b + 4));
     }
 };
@@ -228,7 +226,6 @@ struct TQ5_0 {
     static constexpr int QK = 32, BYTES = 22, OFF = 16;
     static constexpr bool MINS = false, SIGNED = false;
     static void block(const uint8_t *b, BBuf &u, int i) {
-        u.d[i] = f16(b), u.m[i] = 0.0f;
         st(u.q + 32 * i, _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)));
     }
 };
@@ -236,7 +233,6 @@ struct TQ5_1 {
     static constexpr int QK = 32, BYTES = 24, OFF = 0;
     static constexpr bool MINS = true, SIGNED = false;
     static void block(const uint8_t *b, BBuf &u, int i) {
-        u.d[i] = f16(b), u.m[i] = f16(b + 2);
         st(u.q + 32 * i, _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)));
     }
 };
@@ -244,25 +240,39 @@ struct TQ8_0 {
     static constexpr int QK = 32, BYTES = 34, OFF = 0;
     static constexpr bool MINS = false, SIGNED = true;
     static void block(const uint8_t *b, BBuf &u, int i) {
-        u.d[i] = f16(b), u.m[i] = 0.0f;
         const __m256i s = ld(b + 2);
         st(u.s + 32 * i, s);
         st(u.q + 32 * i, _mm256_abs_epi8(s));
     }
 };
 
+// the fp16 at byte `at` of blocks 0..7 as 8 floats (0 past the row's end), built in registers:
+// 8 scalar stores then a vector load would stall store forwarding in every group
+template <class T>
+static inline __m256 b_halves(const uint8_t *b, long n, int at) {
+    auto h = [&](int i) -> short {
+        uint16_t v = 0;
+        if (i < n) memcpy(&v, b + i * T::BYTES + at, 2);
+        return (short)v;
+    };
+    return _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+}
+
+// every block of a 32-block type starts with its fp16 d (Q4_1, Q5_1: then the fp16 m)
 template <class T>
 static inline void b_group(const uint8_t *row, long g, long nblocks, BBuf &u) {
+    const uint8_t *b = row + 8 * g * T::BYTES;
+    const long n = nblocks - 8 * g < 8 ? nblocks - 8 * g : 8;
     for (int i = 0; i < 8; i++) {
-        const long blk = 8 * g + i;
-        if (blk < nblocks) {
-            T::block(row + blk * T::BYTES, u, i);
+        if (i < n) {
+            T::block(b + i * T::BYTES, u, i);
         } else {  // past the row's end: zero weights (x is zero-padded there too)
             st(u.q + 32 * i, _mm256_setzero_si256());
             st(u.s + 32 * i, _mm256_setzero_si256());
-            u.d[i] = u.m[i] = 0.0f;
         }
     }
+    _mm256_store_ps(u.d, b_halves<T>(b, n, 0));
+    _mm256_store_ps(u.m, T::MINS ? b_halves<T>(b, n, 2) : _mm256_setzero_ps());
 }
 
 template <class T>
