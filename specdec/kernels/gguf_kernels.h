@@ -173,13 +173,26 @@ static inline void k_ready(KBuf &u) {
     st(u.ov, u.mins ? ld(u.mn) : _mm256_mullo_epi16(sc, _mm256_set1_epi16((short)u.off)));
 }
 
+// 8 quants from bytes, as int32 lanes
+static inline __m256i q8(const uint8_t *q) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+}
+static inline __m256 unfused8(__m256 v) {  // as unfused, for 8 lanes
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 // the fp32 weights, as gguf computes them: (d * sc) * q - dmin * mn, or (d * sc) * (q - off)
 static inline void k_f32(const KBuf &u, float *out) {
+    const __m256i off = _mm256_set1_epi32(u.off);
     for (int i = 0; i < 16; i++) {
-        const float dl = u.d * (float)u.sc[i], ml = u.dmin * (float)u.mn[i];
-        for (int l = 0; l < 16; l++) {
-            const int q = u.q[16 * i + l];
-            out[16 * i + l] = u.mins ? unfused(dl * (float)q) - ml : dl * (float)(q - u.off);
+        const __m256 dl = _mm256_set1_ps(u.d * (float)u.sc[i]);
+        const __m256 ml = _mm256_set1_ps(u.dmin * (float)u.mn[i]);
+        for (int h = 0; h < 16; h += 8) {
+            const __m256i q = q8(u.q + 16 * i + h);
+            const __m256 v = u.mins ? _mm256_sub_ps(unfused8(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(q))), ml)
+                                    : _mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+            _mm256_storeu_ps(out + 16 * i + h, v);
         }
     }
 }
@@ -277,16 +290,20 @@ static inline void b_group(const uint8_t *row, long g, long nblocks, BBuf &u) {
 
 template <class T>
 static inline void b_f32(const BBuf &u, float *out) {
-    for (int i = 0; i < 8; i++)
-        for (int l = 0; l < 32; l++) {
+    for (int i = 0; i < 8; i++) {
+        const __m256 d = _mm256_set1_ps(u.d[i]), m = _mm256_set1_ps(u.m[i]);
+        for (int l = 0; l < 32; l += 8) {
             const int k = 32 * i + l;
+            __m256 v;
             if constexpr (T::MINS)
-                out[k] = unfused(u.d[i] * (float)u.q[k]) + u.m[i];
+                v = _mm256_add_ps(unfused8(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q8(u.q + k)))), m);
             else if constexpr (T::SIGNED)
-                out[k] = (float)u.s[k] * u.d[i];
+                v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u.s + k)))), d);
             else
-                out[k] = u.d[i] * (float)(u.q[k] - T::OFF);
+                v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q8(u.q + k), _mm256_set1_epi32(T::OFF))));
+            _mm256_storeu_ps(out + k, v);
         }
+    }
 }
 
 // ---- plain floats: groups of 256 values ----------------------------------------------------
@@ -422,7 +439,11 @@ static inline void dot_k(const KBuf &u, const XRows &x, long m, long g, float *a
     __m256i isum = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
         const __m256i p = _mm256_maddubs_epi16(ld(u.q + 32 * j), ld(xq + 32 * j));
+#if defined(__AVX512VNNI__)
+        isum = _mm256_dpwssd_epi32(isum, p, ld(u.sv[j]));  // the same sum, one instruction
+#else
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ld(u.sv[j])));
+#endif
     }
     const __m256i osum = _mm256_madd_epi16(ld(u.ov), ld(x.s16 + m * (x.KP / 16) + g * 16));
     const float dx = x.dx[m * (x.KP / G) + g];
