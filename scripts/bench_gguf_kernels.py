@@ -5,7 +5,8 @@ type and shape: M = 1 time and GB/s, the time ratios M = 5, 9, 16 over M = 1, wi
 threads, and the bf16 kernel (``linear_bf16``) on the same shape. Weights are random valid
 blocks (speed does not depend on the values).
 
-    python scripts/bench_gguf_kernels.py [--threads 1 2] [--reps 20] [--only Q4_K Q6_K]
+    python scripts/bench_gguf_kernels.py [--threads 1 2] [--reps 10] [--only Q4_K Q6_K]
+        [--rows 1024]   # cut every matrix to 1024 rows: weights in L3, the compute cost alone
 """
 
 from __future__ import annotations
@@ -68,13 +69,14 @@ def bench(qtype, n: int, k: int, what: str, threads: int, reps: int) -> None:
         times[m] = timed(lambda x=x: gk.linear(x, w), reps)
         btimes[m] = timed(lambda x=x: ops.linear(x, wb), reps)
     gbs = w.nbytes() / times[1] / 1e9
+    per_group = times[1] / (n * k / 256) * 1e9
     bgbs = n * k * 2 / btimes[1] / 1e9
     ratios = " ".join(f"{times[m] / times[1]:4.2f}" for m in (5, 9, 16))
     bratios = " ".join(f"{btimes[m] / btimes[1]:4.2f}" for m in (5, 9, 16))
     print(
         f"{Q(qtype).name:5} {what:13} {n:6}x{k:<5} t={threads} | M=1 {times[1] * 1e3:6.2f} ms "
-        f"{gbs:5.1f} GB/s | M5/9/16 {ratios} | bf16 M=1 {btimes[1] * 1e3:6.2f} ms "
-        f"{bgbs:5.1f} GB/s, M5/9/16 {bratios}",
+        f"{gbs:5.1f} GB/s {per_group:5.1f} ns/256w | M5/9/16 {ratios} | "
+        f"bf16 M=1 {btimes[1] * 1e3:6.2f} ms {bgbs:5.1f} GB/s, M5/9/16 {bratios}",
         flush=True,
     )
 
@@ -84,13 +86,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--only", nargs="*", default=None, help="type names, e.g. Q4_K Q6_K")
+    ap.add_argument("--rows", type=int, default=0, help="cut each matrix to this many rows")
     args = ap.parse_args()
     print(kernels.status())
     for qtype, n, k, what in SHAPES:
         if args.only and Q(qtype).name not in args.only:
             continue
         for t in args.threads:
-            bench(qtype, n, k, what, t, args.reps)
+            bench(qtype, min(n, args.rows or n), k, what, t, args.reps)
 
 
 if __name__ == "__main__":
