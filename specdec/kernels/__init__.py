@@ -8,6 +8,9 @@ overrides the choice: ``avx2``, ``avx512``, ``avx512vnni``, or ``torch`` (no ker
 Where the kernels cannot be used (not x86-64 with AVX2/FMA, no compiler) callers fall back to
 plain torch operations; ``status()`` says which path is live and why.
 
+GGUF quantized matrices (Q4_K, Q6_K, ...) are multiplied in their file layout by the same
+library (``gguf_kernels.h``, included by ``cpu.cpp``; Python API in ``specdec.kernels.gguf``).
+
 Each build is batch invariant on its own; AVX2 and AVX-512 reduce in different orders, so bits
 (not tokens, in practice) may differ between them, as between any two machines.
 """

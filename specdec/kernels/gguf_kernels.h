@@ -121,7 +121,8 @@ struct TQ2_K {  // scales[16] (sc low nibble, mn high), qs[64], d, dmin; 2-bit q
         const __m256i m2 = bytes(3);
         for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: bits 2s of qs[32h + l]
             const __m256i v = ld(b + 16 + 32 * h);
-            for (int s = 0; s < 4; s++) st(u.q + 128 * h + 32 * s, _mm256_and_si256(srl16(v, 2 * s), m2));
+            for (int s = 0; s < 4; s++)
+                st(u.q + 128 * h + 32 * s, _mm256_and_si256(srl16(v, 2 * s), m2));
         }
         const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
         st(u.sc, _mm256_and_si256(sm, _mm256_set1_epi16(15)));
@@ -190,8 +191,9 @@ static inline void k_f32(const KBuf &u, float *out) {
         const __m256 ml = _mm256_set1_ps(u.dmin * (float)u.mn[i]);
         for (int h = 0; h < 16; h += 8) {
             const __m256i q = q8(u.q + 16 * i + h);
-            const __m256 v = u.mins ? _mm256_sub_ps(unfused8(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(q))), ml)
-                                    : _mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+            const __m256 v =
+                u.mins ? _mm256_sub_ps(unfused8(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(q))), ml)
+                       : _mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
             _mm256_storeu_ps(out + 16 * i + h, v);
         }
     }
@@ -294,13 +296,16 @@ static inline void b_f32(const BBuf &u, float *out) {
         const __m256 d = _mm256_set1_ps(u.d[i]), m = _mm256_set1_ps(u.m[i]);
         for (int l = 0; l < 32; l += 8) {
             const int k = 32 * i + l;
+            const __m256i q = q8(u.q + k), off = _mm256_set1_epi32(T::OFF);
             __m256 v;
-            if constexpr (T::MINS)
-                v = _mm256_add_ps(unfused8(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q8(u.q + k)))), m);
-            else if constexpr (T::SIGNED)
-                v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u.s + k)))), d);
-            else
-                v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q8(u.q + k), _mm256_set1_epi32(T::OFF))));
+            if constexpr (T::MINS) {
+                v = _mm256_add_ps(unfused8(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q))), m);
+            } else if constexpr (T::SIGNED) {
+                const __m128i s = _mm_loadl_epi64((const __m128i *)(u.s + k));
+                v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)), d);
+            } else {
+                v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+            }
             _mm256_storeu_ps(out + k, v);
         }
     }
@@ -355,7 +360,8 @@ static void group_f32(const uint8_t *row, long g, long K, float *out) {
         if constexpr (T::HALF) {
             long k = 0;
             for (; k + 8 <= n; k += 8)
-                _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * k))));
+                _mm256_storeu_ps(out + k,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * k))));
             for (; k < n; k++) out[k] = f16(p + 2 * k);
         } else {
             for (long k = 0; k < n; k++) out[k] = T::one(p + k * T::BYTES);
@@ -379,7 +385,8 @@ static void quantize_block(const float *x, long n, int8_t *q, float *dx) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 vmax = _mm256_setzero_ps();
     long k = 0;
-    for (; k + 8 <= n; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    for (; k + 8 <= n; k += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
     float amax = 0.0f;
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, vmax);
@@ -428,8 +435,8 @@ static void prepare_x(const float *x, long K, XRows &xr, bool int8x, int nt) {
             for (int k = 0; k < 16; k++) s += q[16 * b + k];
             xr.s16[m * (KP / 16) + b] = (int16_t)s;
         }
-        for (long b = 0; b < KP / 32; b++)
-            xr.s32[m * (KP / 32) + b] = xr.s16[m * (KP / 16) + 2 * b] + xr.s16[m * (KP / 16) + 2 * b + 1];
+        const int16_t *s16 = xr.s16 + m * (KP / 16);
+        for (long b = 0; b < KP / 32; b++) xr.s32[m * (KP / 32) + b] = s16[2 * b] + s16[2 * b + 1];
     }
 }
 
@@ -457,8 +464,10 @@ static inline void dot_k(const KBuf &u, const XRows &x, long m, long g, float *a
 
 // eight vectors -> lane i = the sum of vector i's lanes
 static inline __m256i lane_sums(const __m256i (&p)[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    const __m256i a =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
                             _mm256_permute2x128_si256(a, b, 0x31));
 }
@@ -479,14 +488,14 @@ static inline void dot_b(const BBuf &u, const XRows &x, long m, long g, float *a
     __m256i sums = lane_sums(p);  // lane i: block i's integer dot product
     const long xb = m * (x.KP / 32) + g * 8;
     const __m256i s = ld(x.s32 + xb);  // x's block sums
-    if constexpr (T::OFF != 0) sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(s, T::OFF == 8 ? 3 : 4));
+    if constexpr (T::OFF != 0)  // 8 or 16
+        sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(s, T::OFF == 8 ? 3 : 4));
     const __m256 dx = _mm256_loadu_ps(x.dx + xb);
-    const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_loadu_ps(u.d), dx),
-                                     _mm256_loadu_ps(acc));
-    _mm256_storeu_ps(acc, a);
+    const __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(u.d), dx);
+    _mm256_storeu_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, _mm256_loadu_ps(acc)));
     if constexpr (T::MINS) {
-        const __m256 b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_loadu_ps(u.m), dx),
-                                         _mm256_loadu_ps(acc + 8));
+        const __m256 dm = _mm256_mul_ps(_mm256_loadu_ps(u.m), dx);
+        const __m256 b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dm, _mm256_loadu_ps(acc + 8));
         _mm256_storeu_ps(acc + 8, b);
     }
 }
@@ -510,13 +519,19 @@ struct KInt {
         T::parts(row + g * T::BYTES, u);
         k_ready(u);
     }
-    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) { dot_k(u, x, m, g, acc); }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_k(u, x, m, g, acc);
+    }
 };
 template <class T>
 struct BInt {
     typedef BBuf Buf;
-    static void unpack(const uint8_t *row, long g, long K, Buf &u) { b_group<T>(row, g, K / 32, u); }
-    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) { dot_b<T>(u, x, m, g, acc); }
+    static void unpack(const uint8_t *row, long g, long K, Buf &u) {
+        b_group<T>(row, g, K / 32, u);
+    }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_b<T>(u, x, m, g, acc);
+    }
 };
 template <class T>
 struct Exact {
@@ -524,7 +539,9 @@ struct Exact {
         float w[G];
     };
     static void unpack(const uint8_t *row, long g, long K, Buf &u) { group_f32<T>(row, g, K, u.w); }
-    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) { dot_f32(u.w, x, m, g, acc); }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_f32(u.w, x, m, g, acc);
+    }
 };
 
 struct Job {
@@ -589,7 +606,8 @@ static void linear(const float *x, const uint8_t *w, const float *bias, float *y
     int8x = int8x && KD != FLT;  // floats always take exact x
     const long groups = (K + G - 1) / G, KP = groups * G, QX = KD == KQ ? 256 : 32;
     XRows xr{M, KP, QX, 0, 0, 0, 0, 0};
-    void *mem = aligned_alloc(64, ((int8x ? M * KP * 3 / 2 + M * KP / 32 * 8 + 64 : M * KP * 4) | 63) + 1);
+    // int8: q M*KP bytes, then s16, s32 and dx, M*KP/8 bytes each at most
+    void *mem = aligned_alloc(64, ((int8x ? M * KP * 2 : M * KP * 4) | 63) + 1);
     if (int8x) {
         xr.q = (int8_t *)mem;
         xr.s16 = (int16_t *)(xr.q + M * KP);         // M*KP/16 int16 = M*KP/8 bytes
