@@ -5,7 +5,7 @@ type and shape: M = 1 time and GB/s, the time ratios M = 5, 9, 16 over M = 1, wi
 threads, and the bf16 kernel (``linear_bf16``) on the same shape. Weights are random valid
 blocks (speed does not depend on the values).
 
-    python scripts/bench_gguf_kernels.py [--threads 1 2] [--reps 10] [--only Q4_K Q6_K]
+    python scripts/bench_gguf_kernels.py [--threads 1 2] [--reps 30] [--only Q4_K Q6_K]
         [--rows 1024]   # cut every matrix to 1024 rows: weights in L3, the compute cost alone
 """
 
@@ -48,13 +48,13 @@ def random_weight(qtype, n: int, k: int) -> gk.PackedWeight:
 
 
 def timed(fn, reps: int) -> float:
+    """The fastest of reps calls: on a shared machine, the one least disturbed by others."""
     fn()
     best = float("inf")
-    for _ in range(3):  # best of 3 rounds: the machine is shared
+    for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
+        fn()
+        best = min(best, time.perf_counter() - t0)
     return best
 
 
@@ -84,7 +84,7 @@ def bench(qtype, n: int, k: int, what: str, threads: int, reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--only", nargs="*", default=None, help="type names, e.g. Q4_K Q6_K")
     ap.add_argument("--rows", type=int, default=0, help="cut each matrix to this many rows")
     args = ap.parse_args()
