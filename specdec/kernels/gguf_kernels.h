@@ -515,6 +515,7 @@ static inline void dot_f32(const float *w, const XRows &x, long m, long g, float
 template <class T>
 struct KInt {
     typedef KBuf Buf;
+    static constexpr long GB = T::BYTES;  // bytes of a group in a weight row
     static void unpack(const uint8_t *row, long g, long, Buf &u) {
         T::parts(row + g * T::BYTES, u);
         k_ready(u);
@@ -526,6 +527,7 @@ struct KInt {
 template <class T>
 struct BInt {
     typedef BBuf Buf;
+    static constexpr long GB = 8 * T::BYTES;
     static void unpack(const uint8_t *row, long g, long K, Buf &u) {
         b_group<T>(row, g, K / 32, u);
     }
@@ -535,6 +537,7 @@ struct BInt {
 };
 template <class T>
 struct Exact {
+    static constexpr long GB = G / T::QK * T::BYTES;
     struct alignas(64) Buf {
         float w[G];
     };
@@ -570,8 +573,11 @@ static void rows(const Job &j, long n0, long n1) {
             const long g1 = g0 + cg < j.groups ? g0 + cg : j.groups;
             for (long n = n0; n < n1; n++) {
                 const uint8_t *row = j.w + n * j.rb;
-                if (n + 1 < n1) _mm_prefetch((const char *)(row + j.rb), _MM_HINT_T0);
                 for (long g = g0; g < g1; g++) {
+                    // the same group two rows on: one thread alone does not get memory's
+                    // bandwidth from the hardware prefetcher (measured: Q6_K head, 1 thread)
+                    const char *ahead = (const char *)(row + 2 * j.rb + g * P::GB);
+                    for (long b = 0; b < P::GB; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
                     P::unpack(row, g, j.K, u);
                     for (long m = 0; m < mc; m++)
                         P::dot(u, *j.x, m0 + m, g, acc + ((n - n0) * mc + m) * 16);
