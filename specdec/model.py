@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from specdec import gguf_model, kernels, ops
+from specdec import gguf_model, ops, platform
 from specdec.config import DTYPES, TORCH_DTYPES, ModelConfig
 from specdec.kv_cache import KVCache
 from specdec.weights import load_weights
 
 
 def cpu_has_native_bf16() -> bool:
-    return bool({"avx512_bf16", "amx_bf16"} & kernels.cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16"} & platform.cpu_flags())
 
 
 NATIVE = ("native", "exact")  # GGUF matrices in their own quantization (see resolve_dtype)

@@ -12,15 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec import kernels
+from specdec import kernels, platform
 from specdec.kernels import gguf as gguf_kernels
 
-_threads = [max(1, torch.get_num_threads())]
-
-
-def set_num_threads(n: int) -> None:
-    """Threads used by our kernels (torch's own pool is set separately by the caller)."""
-    _threads[0] = max(1, int(n))
+set_num_threads = platform.set_kernel_threads  # threads of our kernels (torch's pool: apart)
+_threads = platform.kernel_threads
 
 
 def use_kernels(device: torch.device) -> bool:
@@ -177,11 +173,11 @@ def linear(x: torch.Tensor, lw: LinearWeight | FusedWeight) -> torch.Tensor:
     y = torch.empty(m, n, dtype=torch.float32)
     args = (_ptr(x2), _ptr(w))
     if w.dtype == torch.bfloat16:
-        lib.linear_bf16(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+        lib.linear_bf16(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads())
     elif w.dtype == torch.float32:
-        lib.linear_f32(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+        lib.linear_f32(*args, _ptr(lw.bias), _ptr(y), m, n, k, _threads())
     elif w.dtype == torch.int8:
-        lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+        lib.linear_i8(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads())
     elif w.dtype == torch.uint8:
         blocks = int4_padded(k) // INT4_BLOCK
         if w.shape[1] != blocks * 32 or lw.scale.shape[1] != 2 * blocks:
@@ -189,7 +185,7 @@ def linear(x: torch.Tensor, lw: LinearWeight | FusedWeight) -> torch.Tensor:
         if lw.scale.dtype != torch.float16 or not (w.is_contiguous() and lw.scale.is_contiguous()):
             raise TypeError("int4 weights need contiguous uint8 data and fp16 group scales")
         fn = lib.linear_i4q if lw.int8_x and int8_dot(lib) else lib.linear_i4
-        fn(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads[0])
+        fn(*args, _ptr(lw.scale), _ptr(lw.bias), _ptr(y), m, n, k, _threads())
     else:
         raise TypeError(f"unsupported weight dtype {w.dtype}")
     return y.view(*shape[:-1], n)
@@ -214,7 +210,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2 = x.contiguous().float()
     y = torch.empty_like(x2)
     d = x2.shape[-1]
-    lib.rmsnorm(_ptr(x2), _ptr(weight), _ptr(y), x2.numel() // d, d, float(eps), _threads[0])
+    lib.rmsnorm(_ptr(x2), _ptr(weight), _ptr(y), x2.numel() // d, d, float(eps), _threads())
     return y
 
 
@@ -264,7 +260,7 @@ def attend(
             d,
             s_max,
             float(scale),
-            _threads[0],
+            _threads(),
         )
         return out
     return _attend_torch(q, k_new, v_new, k_cache, v_cache, rows, start, num_new, mask, scale)
@@ -308,7 +304,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
     gu = gate_up.contiguous().float()
     out = torch.empty(*gu.shape[:-1], inter, dtype=torch.float32)
-    lib.silu_mul(_ptr(gu), _ptr(out), gu.numel() // (2 * inter), inter, _threads[0])
+    lib.silu_mul(_ptr(gu), _ptr(out), gu.numel() // (2 * inter), inter, _threads())
     return out
 
 
@@ -326,5 +322,5 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     out = out.contiguous() if not out.is_contiguous() else out.clone()  # rotated in place
     pos = positions.contiguous().long()
     b, t, h, d = out.shape
-    lib.rope(_ptr(out), _ptr(pos), _ptr(cos), _ptr(sin), b * t, h, d, _threads[0])
+    lib.rope(_ptr(out), _ptr(pos), _ptr(cos), _ptr(sin), b * t, h, d, _threads())
     return out

@@ -23,6 +23,18 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+_kernel_threads = [max(1, torch.get_num_threads())]
+
+
+def kernel_threads() -> int:
+    """Threads our CPU kernels use (torch's own pool is set beside it by ``pin_cpu_cores``)."""
+    return _kernel_threads[0]
+
+
+def set_kernel_threads(n: int) -> None:
+    _kernel_threads[0] = max(1, int(n))
+
+
 def machine_cores() -> list[int] | None:
     """The CPUs this process could use when specdec was imported (pinning narrows it later)."""
     return list(_MACHINE_CORES) if _MACHINE_CORES is not None else None
@@ -33,8 +45,6 @@ _MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffini
 
 def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
     """Pin this process to ``cores`` (one thread each) and set torch's and our thread count."""
-    from specdec import ops  # ops -> kernels -> this module: import it when first needed
-
     if cores is not None:
         cores = sorted(set(int(c) for c in cores))
         if not cores:
@@ -48,7 +58,7 @@ def pin_cpu_cores(cores: Seq[int] | None, num_threads: int | None) -> int:
     if n < 1:
         raise ValueError(f"num_threads must be >= 1, got {n}")
     torch.set_num_threads(n)
-    ops.set_num_threads(n)
+    set_kernel_threads(n)
     return n
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.runner import PROMPTS_FILE
+from specdec.bench.prompts import PROMPTS_FILE
 
 MODES = ("auto", "exact", "bfloat16")
 MAX_TOKENS_PER_TEXT = 512

@@ -52,10 +52,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from specdec.bench.prompts import PROMPT_TYPES, encode_prompts, load_prompts
 from specdec.config import DTYPES
 
-PROMPTS_FILE = Path(__file__).with_name("prompts.json")
-PROMPT_TYPES = ("code", "prose", "chat")
 DRAFT = "<draft>"  # placeholder in a row's kwargs, replaced by --draft-model
 QUICK = {"max_tokens": 8, "repeats": 1, "prompts_per_type": 1}
 DEFAULTS = {"max_tokens": 128, "repeats": 3, "prompts_per_type": 2}
@@ -257,27 +256,6 @@ def _fill_draft(kwargs: dict, draft: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- prompts
-
-
-def load_prompts(types: list[str], per_type: int) -> list[dict]:
-    """The first ``per_type`` prompts of each type, each with an id like ``code-0``."""
-    entries = json.loads(PROMPTS_FILE.read_text())
-    known = sorted({e["type"] for e in entries})
-    out = []
-    for t in types:
-        if t not in known:
-            raise ValueError(f"unknown prompt type {t!r}: choose from {', '.join(known)}")
-        of_type = [e for e in entries if e["type"] == t][:per_type]
-        out += [dict(e, id=f"{t}-{i}") for i, e in enumerate(of_type)]
-    return out
-
-
-def encode_prompts(prompts: list[dict], folder: Path) -> list[list[int]]:
-    from specdec.tokenizer import Tokenizer
-
-    tok = Tokenizer(folder)
-    encode = tok.apply_chat_template, tok.encode
-    return [encode[0](p["prompt"]) if p["chat"] else encode[1](p["prompt"]) for p in prompts]
 
 
 # ----------------------------------------------------------------------------- engines
@@ -639,7 +617,7 @@ def add_speedups(methods: dict) -> None:
 
 
 def _cpu_model_and_flags() -> tuple[str, set[str]]:
-    from specdec import kernels
+    from specdec.platform import cpu_flags
 
     model = platform.processor() or platform.machine()
     try:
@@ -651,7 +629,7 @@ def _cpu_model_and_flags() -> tuple[str, set[str]]:
         if key.strip() == "model name":
             model = value.strip()
             break  # the first processor's entry is enough
-    return model, set(kernels.cpu_flags())
+    return model, set(cpu_flags())
 
 
 def machine_info(args) -> dict:

@@ -8,6 +8,9 @@ overrides the choice: ``avx2``, ``avx512``, ``avx512vnni``, or ``torch`` (no ker
 Where the kernels cannot be used (not x86-64 with AVX2/FMA, no compiler) callers fall back to
 plain torch operations; ``status()`` says which path is live and why.
 
+GGUF quantized matrices (Q4_K, Q6_K, ...) are multiplied in their file layout by the same
+library (``gguf_kernels.h``, included by ``cpu.cpp``; Python API in ``specdec.kernels.gguf``).
+
 Each build is batch invariant on its own; AVX2 and AVX-512 reduce in different orders, so bits
 (not tokens, in practice) may differ between them, as between any two machines.
 """
@@ -26,8 +29,10 @@ from functools import cache
 from pathlib import Path
 
 from specdec.paths import specdec_home
+from specdec.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
+HEADERS = [Path(__file__).with_name("gguf_kernels.h")]  # included by SOURCE: part of the build key
 COMMON_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # build name -> (extra compiler flags, CPU flags it needs beyond AVX2/FMA/F16C)
 BUILDS = {
@@ -41,7 +46,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -57,21 +62,11 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _L, _L, _I],
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
+    "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
+    "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
 }
+_RESTYPES = {"gguf_linear": _I, "gguf_dequantize": _I}  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only
-
-
-@cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 def supported_builds() -> list[str]:
@@ -113,7 +108,8 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
     if name not in supported_builds():
         return None, f"this CPU cannot run the {name} build"
     flags = COMMON_FLAGS + BUILDS[name][0]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
+    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     try:
         lib_path = _build(specdec_home() / "kernels" / key, flags)
         lib = ctypes.CDLL(str(lib_path))
@@ -126,7 +122,7 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
         if fn is None and fn_name in OPTIONAL:
             continue
         fn.argtypes = argtypes
-        fn.restype = None
+        fn.restype = _RESTYPES.get(fn_name)
     return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes)"
 
 

@@ -600,8 +600,10 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
     }
 }
 
+#include "gguf_kernels.h"
+
 extern "C" {
-int specdec_abi_version() { return 4; }
+int specdec_abi_version() { return 5; }
 int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
@@ -627,6 +629,23 @@ void linear_i4q(const float *x, const uint8_t *w, const uint16_t *scale, const f
     linear<I4Q>(x, w, 0, scale, bias, y, M, N, K, nt);
 }
 #endif
+// GGUF quantized weights in their file layout (gguf_kernels.h); 0, or -1 for a type without
+// kernels. w: [N] rows of the file's blocks; y: [M, ldy] (a column slice of a wider y is fine)
+int gguf_linear(int qtype, const float *x, const uint8_t *w, const float *bias, float *y, long ldy,
+                long M, long N, long K, int int8x, int nt) {
+    return gq::with_type(qtype, [&](auto t) {
+               gq::linear<decltype(t)>(x, w, bias, y, ldy, M, N, K, int8x != 0, nt);
+           })
+               ? 0
+               : -1;
+}
+// rows ids[0..R) (or 0..R where ids is null) of such a matrix as fp32 [R, K]
+int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, long K, float *out,
+                    int nt) {
+    return gq::with_type(qtype, [&](auto t) { gq::dequantize<decltype(t)>(w, ids, R, K, out, nt); })
+               ? 0
+               : -1;
+}
 void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps, int nt) {
     rmsnorm_rows(x, w, y, R, D, eps, nt);
 }

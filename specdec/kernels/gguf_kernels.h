@@ -1,0 +1,674 @@
+// GGUF quantized weights multiplied in their file layout (included by cpu.cpp; Python side:
+// specdec/kernels/gguf.py). A decode step streams every weight byte once, so the kernels read
+// the 4.5-8.5 bit blocks as they are stored and never widen them in memory.
+//
+// A row of weights is cut into groups of G = 256 k: one K-quant super-block, 8 blocks of 32
+// (Q4_0 ... Q8_0; the last group of a row may hold fewer), or 256 floats (F32/F16/BF16).
+// For each weight row and group the block is unpacked once into a small buffer in L1 (quants as
+// bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
+// pass of K+1 tokens reads the weights once, like a single token.
+//
+// Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
+// or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
+// (maddubs/madd, or VNNI dpbusd), converted to float once per group (K-quants: the sub-block
+// scales are integers applied before the conversion, mins through x's block sums). Exact x:
+// the group is decoded to the fp32 values gguf's dequantize gives, bit for bit, and multiplied
+// by fp32 x with FMAs.
+//
+// Batch invariance: y[m,n] is two 8-lane fp32 accumulators updated group by group in k order
+// by one function of (weight row n, x row m), then summed; nothing depends on M, on which x
+// rows share a call, on k chunking or on threads. Integer parts are exact, so the AVX2 and
+// AVX-512 builds agree bit for bit too.
+namespace gq {
+
+enum Type : int {
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
+    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+};
+constexpr long G = 256;  // k per group
+
+static inline float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+static inline __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void st(void *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+static inline __m256i srl16(__m256i v, int n) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n)); }
+static inline __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
+// a product that must round on its own before an add (gguf's numpy does not fuse; GCC would)
+static inline float unfused(float v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+// ---- K-quants: one super-block of 256 ----------------------------------------------------
+// Every K-quant is w = d * sc[i] * q - dmin * mn[i] (Q2_K, Q4_K, Q5_K) or d * sc[i] * (q - off)
+// (Q3_K: off 4, Q6_K: off 32) with unsigned q and integer sc, mn per 16 k (i = k / 16).
+struct alignas(64) KBuf {
+    uint8_t q[G];        // unsigned quants in k order
+    int16_t sv[8][16];   // per 32 k: 8 lanes of the first 16 k's scale, 8 of the second's
+    int16_t ov[16];      // per 16 k: mn, or off * sc; multiplied by -dmin (d where off)
+    int16_t sc[16], mn[16];
+    float d, dmin;
+    int off;
+    bool mins;
+};
+
+// Q4_K/Q5_K: eight 6-bit scales and mins in 12 bytes (the top two bits of 4-7 live in 0-7),
+// each stored twice in sc/mn (they are per 32 k; KBuf's are per 16)
+static inline __m256i twice(uint32_t lo, uint32_t hi) {  // 8 bytes -> 16 int16, each twice
+    const __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((uint64_t)hi << 32 | lo)));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+}
+static inline void scales_k4(const uint8_t *s, KBuf &u) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
+    st(u.sc, twice(a[0] & m6, (a[2] & m4) | ((a[0] >> 2) & top)));
+    st(u.mn, twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)));
+}
+
+struct TQ4_K {  // d, dmin, scales[12], qs[128]: chunk c's low nibbles are k 64c.., high 64c+32..
+    static constexpr int QK = 256, BYTES = 144;
+    static void parts(const uint8_t *b, KBuf &u) {
+        const __m256i m4 = bytes(15);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = ld(b + 16 + 32 * c);
+            st(u.q + 64 * c, _mm256_and_si256(v, m4));
+            st(u.q + 64 * c + 32, _mm256_and_si256(srl16(v, 4), m4));
+        }
+        scales_k4(b + 4, u);
+        u.d = f16(b), u.dmin = f16(b + 2), u.off = 0, u.mins = true;
+    }
+};
+struct TQ5_K {  // Q4_K plus qh[32] before qs: bit i of qh[l] is the fifth bit of k 32i + l
+    static constexpr int QK = 256, BYTES = 176;
+    static void parts(const uint8_t *b, KBuf &u) {
+        const __m256i m4 = bytes(15), b4 = bytes(16), qh = ld(b + 16);
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = ld(b + 48 + 32 * c);
+            const __m256i hl = _mm256_and_si256(_mm256_slli_epi16(srl16(qh, 2 * c), 4), b4);
+            const __m256i hh = _mm256_and_si256(_mm256_slli_epi16(srl16(qh, 2 * c + 1), 4), b4);
+            st(u.q + 64 * c, _mm256_or_si256(_mm256_and_si256(v, m4), hl));
+            st(u.q + 64 * c + 32, _mm256_or_si256(_mm256_and_si256(srl16(v, 4), m4), hh));
+        }
+        scales_k4(b + 4, u);
+        u.d = f16(b), u.dmin = f16(b + 2), u.off = 0, u.mins = true;
+    }
+};
+struct TQ6_K {  // ql[128], qh[64], int8 scales[16], d; q = ql nibble | 2 bits of qh << 4, - 32
+    static constexpr int QK = 256, BYTES = 210;
+    static void parts(const uint8_t *b, KBuf &u) {
+        const __m256i m4 = bytes(15), m2 = bytes(3);
+        for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: ql[64h + 32(s&1) + l] nibble s>>1
+            const __m256i qh = ld(b + 128 + 32 * h);
+            for (int s = 0; s < 4; s++) {
+                __m256i lo = ld(b + 64 * h + 32 * (s & 1));
+                lo = _mm256_and_si256(s >> 1 ? srl16(lo, 4) : lo, m4);
+                const __m256i hi = _mm256_and_si256(srl16(qh, 2 * s), m2);
+                st(u.q + 128 * h + 32 * s, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+            }
+        }
+        st(u.sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192))));
+        st(u.mn, _mm256_setzero_si256());
+        u.d = u.dmin = f16(b + 208), u.off = 32, u.mins = false;
+    }
+};
+struct TQ2_K {  // scales[16] (sc low nibble, mn high), qs[64], d, dmin; 2-bit q
+    static constexpr int QK = 256, BYTES = 84;
+    static void parts(const uint8_t *b, KBuf &u) {
+        const __m256i m2 = bytes(3);
+        for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: bits 2s of qs[32h + l]
+            const __m256i v = ld(b + 16 + 32 * h);
+            for (int s = 0; s < 4; s++)
+                st(u.q + 128 * h + 32 * s, _mm256_and_si256(srl16(v, 2 * s), m2));
+        }
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
+        st(u.sc, _mm256_and_si256(sm, _mm256_set1_epi16(15)));
+        st(u.mn, _mm256_srli_epi16(sm, 4));
+        u.d = f16(b + 80), u.dmin = f16(b + 82), u.off = 0, u.mins = true;
+    }
+};
+struct TQ3_K {  // hmask[32], qs[64], scales[12], d; q = 2 bits | hmask bit << 2, - 4
+    static constexpr int QK = 256, BYTES = 110;
+    static void parts(const uint8_t *b, KBuf &u) {
+        const __m256i m2 = bytes(3), m1 = bytes(1), hm = ld(b);
+        for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: bit 4h + s of hmask[l]
+            const __m256i v = ld(b + 32 + 32 * h);
+            for (int s = 0; s < 4; s++) {
+                const __m256i lo = _mm256_and_si256(srl16(v, 2 * s), m2);
+                const __m256i hi = _mm256_and_si256(srl16(hm, 4 * h + s), m1);
+                st(u.q + 128 * h + 32 * s, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)));
+            }
+        }
+        const uint8_t *s = b + 96;  // 16 6-bit scales: low nibbles in 0-7, top bits in 8-11
+        for (int i = 0; i < 16; i++) {
+            const int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+            const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+            u.sc[i] = (int16_t)((lo | hi << 4) - 32), u.mn[i] = 0;
+        }
+        u.d = u.dmin = f16(b + 108), u.off = 4, u.mins = false;
+    }
+};
+
+// the integer forms of the scales that dot_k reads
+static inline __m256i word_pick(int g) {  // low half: int16 word 2g, high half: word 2g + 1
+    const char a = (char)(4 * g), b = (char)(4 * g + 2), a1 = (char)(a + 1), b1 = (char)(b + 1);
+    return _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, b, b1, b, b1, b,
+                            b1, b, b1, b, b1, b, b1, b, b1, b, b1);
+}
+static inline void k_ready(KBuf &u) {
+    const __m256i sc = ld(u.sc);
+    const __m256i lo = _mm256_permute2x128_si256(sc, sc, 0x00);  // sc[0..7] in both halves
+    const __m256i hi = _mm256_permute2x128_si256(sc, sc, 0x11);  // sc[8..15]
+    const __m256i p0 = word_pick(0), p1 = word_pick(1), p2 = word_pick(2), p3 = word_pick(3);
+    st(u.sv[0], _mm256_shuffle_epi8(lo, p0));
+    st(u.sv[1], _mm256_shuffle_epi8(lo, p1));
+    st(u.sv[2], _mm256_shuffle_epi8(lo, p2));
+    st(u.sv[3], _mm256_shuffle_epi8(lo, p3));
+    st(u.sv[4], _mm256_shuffle_epi8(hi, p0));
+    st(u.sv[5], _mm256_shuffle_epi8(hi, p1));
+    st(u.sv[6], _mm256_shuffle_epi8(hi, p2));
+    st(u.sv[7], _mm256_shuffle_epi8(hi, p3));
+    st(u.ov, u.mins ? ld(u.mn) : _mm256_mullo_epi16(sc, _mm256_set1_epi16((short)u.off)));
+}
+
+// 8 quants from bytes, as int32 lanes
+static inline __m256i q8(const uint8_t *q) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+}
+static inline __m256 unfused8(__m256 v) {  // as unfused, for 8 lanes
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+// the fp32 weights, as gguf computes them: (d * sc) * q - dmin * mn, or (d * sc) * (q - off)
+static inline void k_f32(const KBuf &u, float *out) {
+    const __m256i off = _mm256_set1_epi32(u.off);
+    for (int i = 0; i < 16; i++) {
+        const __m256 dl = _mm256_set1_ps(u.d * (float)u.sc[i]);
+        const __m256 ml = _mm256_set1_ps(u.dmin * (float)u.mn[i]);
+        for (int h = 0; h < 16; h += 8) {
+            const __m256i q = q8(u.q + 16 * i + h);
+            const __m256 v =
+                u.mins ? _mm256_sub_ps(unfused8(_mm256_mul_ps(dl, _mm256_cvtepi32_ps(q))), ml)
+                       : _mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+            _mm256_storeu_ps(out + 16 * i + h, v);
+        }
+    }
+}
+
+// ---- blocks of 32: eight per group -----------------------------------------------------------
+// w = d * (q - off) (Q4_0: 8, Q5_0: 16, Q8_0: signed q, 0) or d * q + m (Q4_1, Q5_1)
+struct alignas(64) BBuf {
+    uint8_t q[G];  // unsigned quants (Q8_0: |q|)
+    int8_t s[G];   // Q8_0: the signed quants
+    alignas(32) float d[8], m[8];
+};
+
+static inline __m256i nibbles(const uint8_t *qs) {  // 16 bytes -> low nibbles, then high ones
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(both, bytes(15));
+}
+static inline __m256i fifth_bits(const uint8_t *qh) {  // bit j of a uint32 -> 16 in byte j
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)h), _mm256_setr_epi64x(0, 0x0101010101010101LL,
+                                                      0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, bytes(16));
+}
+
+struct TQ4_0 {
+    static constexpr int QK = 32, BYTES = 18, OFF = 8;
+    static constexpr bool MINS = false, SIGNED = false;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        st(u.q + 32 * i, nibbles(b + 2));
+    }
+};
+struct TQ4_1 {
+    static constexpr int QK = 32, BYTES = 20, OFF = 0;
+    static constexpr bool MINS = true, SIGNED = false;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        st(u.q + 32 * i, nibbles(b + 4));
+    }
+};
+struct TQ5_0 {
+    static constexpr int QK = 32, BYTES = 22, OFF = 16;
+    static constexpr bool MINS = false, SIGNED = false;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        st(u.q + 32 * i, _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2)));
+    }
+};
+struct TQ5_1 {
+    static constexpr int QK = 32, BYTES = 24, OFF = 0;
+    static constexpr bool MINS = true, SIGNED = false;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        st(u.q + 32 * i, _mm256_or_si256(nibbles(b + 8), fifth_bits(b + 4)));
+    }
+};
+struct TQ8_0 {
+    static constexpr int QK = 32, BYTES = 34, OFF = 0;
+    static constexpr bool MINS = false, SIGNED = true;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        const __m256i s = ld(b + 2);
+        st(u.s + 32 * i, s);
+        st(u.q + 32 * i, _mm256_abs_epi8(s));
+    }
+};
+
+// the fp16 at byte `at` of blocks 0..7 as 8 floats (0 past the row's end), built in registers:
+// 8 scalar stores then a vector load would stall store forwarding in every group
+template <class T>
+static inline __m256 b_halves(const uint8_t *b, long n, int at) {
+    auto h = [&](int i) -> short {
+        uint16_t v = 0;
+        if (i < n) memcpy(&v, b + i * T::BYTES + at, 2);
+        return (short)v;
+    };
+    return _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+}
+
+// every block of a 32-block type starts with its fp16 d (Q4_1, Q5_1: then the fp16 m)
+template <class T>
+static inline void b_group(const uint8_t *row, long g, long nblocks, BBuf &u) {
+    const uint8_t *b = row + 8 * g * T::BYTES;
+    const long n = nblocks - 8 * g < 8 ? nblocks - 8 * g : 8;
+    for (int i = 0; i < 8; i++) {
+        if (i < n) {
+            T::block(b + i * T::BYTES, u, i);
+        } else {  // past the row's end: zero weights (x is zero-padded there too)
+            st(u.q + 32 * i, _mm256_setzero_si256());
+            st(u.s + 32 * i, _mm256_setzero_si256());
+        }
+    }
+    _mm256_store_ps(u.d, b_halves<T>(b, n, 0));
+    _mm256_store_ps(u.m, T::MINS ? b_halves<T>(b, n, 2) : _mm256_setzero_ps());
+}
+
+template <class T>
+static inline void b_f32(const BBuf &u, float *out) {
+    for (int i = 0; i < 8; i++) {
+        const __m256 d = _mm256_set1_ps(u.d[i]), m = _mm256_set1_ps(u.m[i]);
+        for (int l = 0; l < 32; l += 8) {
+            const int k = 32 * i + l;
+            const __m256i q = q8(u.q + k), off = _mm256_set1_epi32(T::OFF);
+            __m256 v;
+            if constexpr (T::MINS) {
+                v = _mm256_add_ps(unfused8(_mm256_mul_ps(d, _mm256_cvtepi32_ps(q))), m);
+            } else if constexpr (T::SIGNED) {
+                const __m128i s = _mm_loadl_epi64((const __m128i *)(u.s + k));
+                v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)), d);
+            } else {
+                v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off)));
+            }
+            _mm256_storeu_ps(out + k, v);
+        }
+    }
+}
+
+// ---- plain floats: groups of 256 values ----------------------------------------------------
+struct TF32 {
+    static constexpr int QK = 1, BYTES = 4;
+    static constexpr bool HALF = false;
+    static inline float one(const uint8_t *p) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+};
+struct TF16 {
+    static constexpr int QK = 1, BYTES = 2;
+    static constexpr bool HALF = true;
+    static inline float one(const uint8_t *p) { return f16(p); }
+};
+struct TBF16 {
+    static constexpr int QK = 1, BYTES = 2;
+    static constexpr bool HALF = false;
+    static inline float one(const uint8_t *p) {
+        const uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+// ---- every type: group g of a row as fp32 (zero past the row's end) -------------------------
+enum Kind { KQ, B32, FLT };
+template <class T>
+static constexpr Kind kind() {
+    return T::QK == 256 ? KQ : T::QK == 32 ? B32 : FLT;
+}
+
+template <class T>
+static void group_f32(const uint8_t *row, long g, long K, float *out) {
+    if constexpr (kind<T>() == KQ) {
+        KBuf u;
+        T::parts(row + g * T::BYTES, u);
+        k_f32(u, out);
+    } else if constexpr (kind<T>() == B32) {
+        BBuf u;
+        b_group<T>(row, g, K / 32, u);
+        b_f32<T>(u, out);
+    } else {
+        const long n = K - g * G < G ? K - g * G : G;
+        const uint8_t *p = row + g * G * T::BYTES;
+        if constexpr (T::HALF) {
+            long k = 0;
+            for (; k + 8 <= n; k += 8)
+                _mm256_storeu_ps(out + k,
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * k))));
+            for (; k < n; k++) out[k] = f16(p + 2 * k);
+        } else {
+            for (long k = 0; k < n; k++) out[k] = T::one(p + k * T::BYTES);
+        }
+        for (long k = n; k < G; k++) out[k] = 0.0f;
+    }
+}
+
+// ---- x rows as the kernels read them -----------------------------------------------------
+// int8 mode: q [M][KP] (zero past K), per block of QX k an fp32 step dx = amax / 127 and
+// q = round_even(x * (127 / amax)); block sums of q per 32 k (int32) and per 16 k (int16).
+struct XRows {
+    long M, KP, QX;
+    int8_t *q;
+    float *dx, *xf;  // xf: exact mode, fp32 x [M][KP]
+    int32_t *s32;
+    int16_t *s16;
+};
+
+static void quantize_block(const float *x, long n, int8_t *q, float *dx) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 vmax = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 8 <= n; k += 8)
+        vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    float amax = 0.0f;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+    for (; k < n; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *dx = amax / 127.0f;
+    k = 0;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; k + 32 <= n; k += 32) {  // round-to-nearest-even, as the reference does
+        __m256i r[4];
+        for (int j = 0; j < 4; j++)
+            r[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * j), vinv));
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]),
+                                             _mm256_packs_epi32(r[2], r[3]));
+        __m256i v = _mm256_permutevar8x32_epi32(w, order);
+        v = _mm256_max_epi8(v, bytes(-127));
+        st(q + k, v);
+    }
+    for (; k < n; k++) {
+        const long r = lrintf(x[k] * inv);
+        q[k] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+    }
+}
+
+static void prepare_x(const float *x, long K, XRows &xr, bool int8x, int nt) {
+    const long M = xr.M, KP = xr.KP;
+#pragma omp parallel for schedule(static) num_threads(nt) if (M * K > (1 << 16))
+    for (long m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        if (!int8x) {
+            float *o = xr.xf + m * KP;
+            memcpy(o, xm, K * sizeof(float));
+            memset(o + K, 0, (KP - K) * sizeof(float));
+            continue;
+        }
+        int8_t *q = xr.q + m * KP;
+        for (long b = 0; b < KP / xr.QX; b++) {
+            const long k0 = b * xr.QX, n = K - k0 < xr.QX ? (K - k0 > 0 ? K - k0 : 0) : xr.QX;
+            quantize_block(xm + k0, n, q + k0, xr.dx + m * (KP / xr.QX) + b);
+            memset(q + k0 + n, 0, xr.QX - n);
+        }
+        for (long b = 0; b < KP / 16; b++) {
+            int s = 0;
+            for (int k = 0; k < 16; k++) s += q[16 * b + k];
+            xr.s16[m * (KP / 16) + b] = (int16_t)s;
+        }
+        const int16_t *s16 = xr.s16 + m * (KP / 16);
+        for (long b = 0; b < KP / 32; b++) xr.s32[m * (KP / 32) + b] = s16[2 * b] + s16[2 * b + 1];
+    }
+}
+
+// ---- the dot products of one unpacked group with one x row: acc = [A(8) | B(8)] ------------
+static inline void dot_k(const KBuf &u, const XRows &x, long m, long g, float *acc) {
+    const int8_t *xq = x.q + m * x.KP + g * G;
+    __m256i isum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i p = _mm256_maddubs_epi16(ld(u.q + 32 * j), ld(xq + 32 * j));
+#if defined(__AVX512VNNI__)
+        isum = _mm256_dpwssd_epi32(isum, p, ld(u.sv[j]));  // the same sum, one instruction
+#else
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ld(u.sv[j])));
+#endif
+    }
+    const __m256i osum = _mm256_madd_epi16(ld(u.ov), ld(x.s16 + m * (x.KP / 16) + g * 16));
+    const float dx = x.dx[m * (x.KP / G) + g];
+    const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u.d * dx),
+                                     _mm256_loadu_ps(acc));
+    const __m256 b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(osum), _mm256_set1_ps(-(u.dmin * dx)),
+                                     _mm256_loadu_ps(acc + 8));
+    _mm256_storeu_ps(acc, a);
+    _mm256_storeu_ps(acc + 8, b);
+}
+
+// eight vectors -> lane i = the sum of vector i's lanes
+static inline __m256i lane_sums(const __m256i (&p)[8]) {
+    const __m256i a =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                            _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+template <class T>
+static inline void dot_b(const BBuf &u, const XRows &x, long m, long g, float *acc) {
+    const int8_t *xq = x.q + m * x.KP + g * G;
+    __m256i p[8];
+    for (int i = 0; i < 8; i++) {
+        __m256i xv = ld(xq + 32 * i);
+        if constexpr (T::SIGNED) xv = _mm256_sign_epi8(xv, ld(u.s + 32 * i));
+#if defined(__AVX512VNNI__)
+        p[i] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ld(u.q + 32 * i), xv);
+#else
+        p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(u.q + 32 * i), xv), _mm256_set1_epi16(1));
+#endif
+    }
+    __m256i sums = lane_sums(p);  // lane i: block i's integer dot product
+    const long xb = m * (x.KP / 32) + g * 8;
+    const __m256i s = ld(x.s32 + xb);  // x's block sums
+    if constexpr (T::OFF != 0)  // 8 or 16
+        sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(s, T::OFF == 8 ? 3 : 4));
+    const __m256 dx = _mm256_loadu_ps(x.dx + xb);
+    const __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(u.d), dx);
+    _mm256_storeu_ps(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, _mm256_loadu_ps(acc)));
+    if constexpr (T::MINS) {
+        const __m256 dm = _mm256_mul_ps(_mm256_loadu_ps(u.m), dx);
+        const __m256 b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dm, _mm256_loadu_ps(acc + 8));
+        _mm256_storeu_ps(acc + 8, b);
+    }
+}
+
+static inline void dot_f32(const float *w, const XRows &x, long m, long g, float *acc) {
+    const float *xf = x.xf + m * x.KP + g * G;
+    __m256 a = _mm256_loadu_ps(acc), b = _mm256_loadu_ps(acc + 8);
+    for (int k = 0; k < G; k += 16) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xf + k), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(xf + k + 8), b);
+    }
+    _mm256_storeu_ps(acc, a);
+    _mm256_storeu_ps(acc + 8, b);
+}
+
+// ---- the three ways to process a group: unpack once per weight row, dot per x row ------------
+template <class T>
+struct KInt {
+    typedef KBuf Buf;
+    static constexpr long GB = T::BYTES;  // bytes of a group in a weight row
+    static void unpack(const uint8_t *row, long g, long, Buf &u) {
+        T::parts(row + g * T::BYTES, u);
+        k_ready(u);
+    }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_k(u, x, m, g, acc);
+    }
+};
+template <class T>
+struct BInt {
+    typedef BBuf Buf;
+    static constexpr long GB = 8 * T::BYTES;
+    static void unpack(const uint8_t *row, long g, long K, Buf &u) {
+        b_group<T>(row, g, K / 32, u);
+    }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_b<T>(u, x, m, g, acc);
+    }
+};
+template <class T>
+struct Exact {
+    static constexpr long GB = G / T::QK * T::BYTES;
+    struct alignas(64) Buf {
+        float w[G];
+    };
+    static void unpack(const uint8_t *row, long g, long K, Buf &u) { group_f32<T>(row, g, K, u.w); }
+    static void dot(const Buf &u, const XRows &x, long m, long g, float *acc) {
+        dot_f32(u.w, x, m, g, acc);
+    }
+};
+
+struct Job {
+    const uint8_t *w;
+    long rb, N, K, groups;  // rb: bytes per weight row
+    const XRows *x;
+    float *y;
+    long ldy;
+    const float *bias;
+};
+
+// y[m, n] for every m of the pass and the rows n0..n1 of one work item
+template <class P>
+static void rows(const Job &j, long n0, long n1) {
+    constexpr long NB = 8, MC = 16;     // weight rows per item, x rows per sweep
+    constexpr long XBYTES = 24 << 10;   // x of a k chunk, kept in L1/L2 across the item's rows
+    const long M = j.x->M;
+    alignas(64) float acc[NB * MC * 16];
+    typename P::Buf u;
+    for (long m0 = 0; m0 < M; m0 += MC) {
+        const long mc = M - m0 < MC ? M - m0 : MC;
+        long cg = XBYTES / (mc * G * (j.x->xf ? 4 : 1));
+        cg = cg < 1 ? 1 : cg;
+        memset(acc, 0, sizeof(float) * (n1 - n0) * mc * 16);
+        for (long g0 = 0; g0 < j.groups; g0 += cg) {
+            const long g1 = g0 + cg < j.groups ? g0 + cg : j.groups;
+            for (long n = n0; n < n1; n++) {
+                const uint8_t *row = j.w + n * j.rb;
+                for (long g = g0; g < g1; g++) {
+                    // the same group two rows on: one thread alone does not get memory's
+                    // bandwidth from the hardware prefetcher (measured: Q6_K head, 1 thread)
+                    const char *ahead = (const char *)(row + 2 * j.rb + g * P::GB);
+                    for (long b = 0; b < P::GB; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+                    P::unpack(row, g, j.K, u);
+                    for (long m = 0; m < mc; m++)
+                        P::dot(u, *j.x, m0 + m, g, acc + ((n - n0) * mc + m) * 16);
+                }
+            }
+        }
+        for (long n = n0; n < n1; n++)
+            for (long m = 0; m < mc; m++) {
+                const float *a = acc + ((n - n0) * mc + m) * 16;
+                float s = hsum8(_mm256_loadu_ps(a)) + hsum8(_mm256_loadu_ps(a + 8));
+                if (j.bias) s += j.bias[n];
+                j.y[(m0 + m) * j.ldy + n] = s;
+            }
+    }
+}
+
+template <class P>
+static void run(const Job &j, int nt) {
+    constexpr long NB = 8;
+    const long items = (j.N + NB - 1) / NB;
+#pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1 && items > 1)
+    for (long it = 0; it < items; it++) {
+        const long n0 = it * NB, n1 = n0 + NB < j.N ? n0 + NB : j.N;
+        rows<P>(j, n0, n1);
+    }
+}
+
+template <class T>
+static void linear(const float *x, const uint8_t *w, const float *bias, float *y, long ldy,
+                   long M, long N, long K, bool int8x, int nt) {
+    constexpr Kind KD = kind<T>();
+    int8x = int8x && KD != FLT;  // floats always take exact x
+    const long groups = (K + G - 1) / G, KP = groups * G, QX = KD == KQ ? 256 : 32;
+    XRows xr{M, KP, QX, 0, 0, 0, 0, 0};
+    // int8: q M*KP bytes, then s16, s32 and dx, M*KP/8 bytes each at most
+    void *mem = aligned_alloc(64, ((int8x ? M * KP * 2 : M * KP * 4) | 63) + 1);
+    if (int8x) {
+        xr.q = (int8_t *)mem;
+        xr.s16 = (int16_t *)(xr.q + M * KP);         // M*KP/16 int16 = M*KP/8 bytes
+        xr.s32 = (int32_t *)(xr.s16 + M * KP / 16);  // M*KP/32 int32 = M*KP/8 bytes
+        xr.dx = (float *)(xr.s32 + M * KP / 32);     // at most M*KP/32 floats
+    } else {
+        xr.xf = (float *)mem;
+    }
+    prepare_x(x, K, xr, int8x, nt);
+    const Job j{w, K / T::QK * T::BYTES, N, K, groups, &xr, y, ldy, bias};
+    if constexpr (KD == KQ) {
+        if (int8x) run<KInt<T>>(j, nt); else run<Exact<T>>(j, nt);
+    } else if constexpr (KD == B32) {
+        if (int8x) run<BInt<T>>(j, nt); else run<Exact<T>>(j, nt);
+    } else {
+        run<Exact<T>>(j, nt);
+    }
+    free(mem);
+}
+
+// rows of the matrix as fp32 (all R rows, or the listed ones): out [R][K]
+template <class T>
+static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
+    const long groups = (K + G - 1) / G, rb = K / T::QK * T::BYTES;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
+    for (long r = 0; r < R; r++) {
+        const uint8_t *row = w + (ids ? ids[r] : r) * rb;
+        alignas(64) float buf[G];
+        for (long g = 0; g < groups; g++) {
+            group_f32<T>(row, g, K, buf);
+            const long n = K - g * G < G ? K - g * G : G;
+            memcpy(out + r * K + g * G, buf, n * sizeof(float));
+        }
+    }
+}
+
+// qtype -> a call of F<T> (false for a type without kernels)
+template <class F>
+static bool with_type(int qtype, F &&f) {
+    switch (qtype) {
+        case F32: f(TF32{}); return true;
+        case F16: f(TF16{}); return true;
+        case BF16: f(TBF16{}); return true;
+        case Q4_0: f(TQ4_0{}); return true;
+        case Q4_1: f(TQ4_1{}); return true;
+        case Q5_0: f(TQ5_0{}); return true;
+        case Q5_1: f(TQ5_1{}); return true;
+        case Q8_0: f(TQ8_0{}); return true;
+        case Q2_K: f(TQ2_K{}); return true;
+        case Q3_K: f(TQ3_K{}); return true;
+        case Q4_K: f(TQ4_K{}); return true;
+        case Q5_K: f(TQ5_K{}); return true;
+        case Q6_K: f(TQ6_K{}); return true;
+        default: return false;
+    }
+}
+
+}  // namespace gq

@@ -1,0 +1,169 @@
+"""GGUF quantized matrices (specdec.kernels.gguf): bitwise dequantization against the gguf
+package, products against float64 references in both x modes, and batch invariance, on every
+kernel build this CPU runs and on the torch fallback."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from specdec import kernels, ops
+from specdec.kernels import gguf as gk
+
+Q = gguf.GGMLQuantizationType
+TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
+TYPES += ["F16", "BF16", "F32"]
+# byte offsets of the fp16 scales in a block of the types gguf cannot quantize
+K_SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def in_features(name: str) -> int:
+    """K-quants: whole super-blocks; 32-blocks: a partial last group of 256; floats: any k."""
+    return 512 if name.endswith("_K") else 288 if name.startswith("Q") else 300
+
+
+def make_raw(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """uint8 [n, row bytes]: gguf's quantization of random weights, or for the types it cannot
+    quantize, random quants with small fp16 scales."""
+    rng = np.random.default_rng(seed)
+    if name in K_SCALES:
+        block, size = gguf.GGML_QUANT_SIZES[Q[name]]
+        raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+        for at in K_SCALES[name]:
+            scale = (rng.random((n, k // block, 1)) * 2e-3 + 1e-4).astype(np.float16)
+            raw[..., at : at + 2] = scale.view(np.uint8)
+        return raw.reshape(n, -1)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    raw = np.ascontiguousarray(gguf.quants.quantize(w, Q[name])).view(np.uint8).reshape(n, -1)
+    if name == "Q8_0":  # -128, which gguf never writes but a file may hold
+        raw[:, 2::34][:3] = 0x80
+    return raw
+
+
+def make_weight(name: str, n: int = 37, seed: int = 0):
+    """(packed weight, its gguf float64 matrix)"""
+    k = in_features(name)
+    raw = make_raw(name, n, k, seed)
+    dense = gguf.quants.dequantize(raw, Q[name]).reshape(n, k)
+    return gk.pack(int(Q[name]), torch.from_numpy(raw), n, k), torch.from_numpy(dense).double()
+
+
+@pytest.fixture(params=[*kernels.BUILDS, "torch"])
+def kernels_on(request, monkeypatch):
+    """Each build this CPU runs, and the torch fallback (no kernel library)."""
+    lib = None
+    if request.param != "torch":
+        lib, why = kernels.load_build(request.param)
+        if lib is None:
+            pytest.skip(why)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
+    yield request.param
+    ops.set_num_threads(max(1, torch.get_num_threads()))
+
+
+def close(y: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    """y within rel * max|ref| of ref, element-wise."""
+    err = (y.double() - ref).abs().max().item()
+    assert err <= rel * ref.abs().max().item(), f"error {err:.3g} vs scale {ref.abs().max():.3g}"
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_is_gguf_bitwise(kernels_on, name):
+    w, dense = make_weight(name)
+    assert torch.equal(gk.dequantize(w).view(torch.int32), dense.float().view(torch.int32))
+    rows = torch.tensor([5, 0, 36, 5, 17])
+    assert torch.equal(gk.dequantize_rows(w, rows), dense[rows].float())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_linear_matches_float64_in_both_x_modes(kernels_on, name):
+    """Exact mode: fp32 x times the exact weights. int8_x: the product of x's int8 rounding,
+    which is coarse enough to see (floats ignore int8_x: x stays fp32)."""
+    torch.manual_seed(0)
+    w, dense = make_weight(name)
+    x = torch.randn(9, w.in_features)
+    x[2, 7] = 30.0  # an outlier coarsens its own block of x only
+    exact = gk.linear(x, w, int8_x=False)
+    assert exact.dtype == torch.float32 and exact.shape == (9, 37)
+    close(exact, x.double() @ dense.T, 1e-5)
+    y = gk.linear(x, w)
+    xq = gk.quantize_x_reference(x, int(Q[name]))
+    close(y, xq @ dense.T, 1e-5)
+    if name.startswith("F") or name == "BF16":
+        assert torch.equal(xq, x.double()) and torch.equal(y, exact)
+    else:
+        step = xq.abs().amax() / 254 + 1e-6
+        assert 1e-3 < (xq - x.double()).abs().max() <= step  # at most half an int8 step
+        assert (y - exact).abs().max() > 1e-4 * exact.abs().max()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_bias_and_out_slice(kernels_on, name):
+    """bias is added last; ``out`` may be a column slice of a wider tensor (fused q|k|v)."""
+    torch.manual_seed(1)
+    w, _ = make_weight(name)
+    x, bias = torch.randn(5, w.in_features), torch.randn(37)
+    for int8_x in (True, False):
+        plain = gk.linear(x, w, int8_x=int8_x)
+        wide = torch.full((5, 50), 7.0)
+        y = gk.linear(x, w, bias, out=wide[:, 6:43], int8_x=int8_x)
+        assert y.data_ptr() == wide[:, 6:43].data_ptr()
+        torch.testing.assert_close(wide[:, 6:43], plain + bias, rtol=1e-6, atol=1e-6)
+        assert (wide[:, :6] == 7.0).all() and (wide[:, 43:] == 7.0).all()
+        if kernels_on != "torch":  # our kernels add the bias to the finished sum
+            assert torch.equal(wide[:, 6:43], plain + bias)
+
+
+@pytest.mark.parametrize("int8_x", [True, False])
+@pytest.mark.parametrize("name", TYPES)
+def test_linear_is_batch_invariant(kernels_on, name, int8_x):
+    """Row m's bits do not depend on the other rows of the call (1, 5, 9, 17 rows: different
+    x sweeps and k chunks), on threads, or on writing into a slice."""
+    if kernels_on == "torch":
+        pytest.skip("torch's own matmuls make no such promise")
+    torch.manual_seed(2)
+    w, _ = make_weight(name, n=45)
+    x = torch.randn(17, w.in_features)
+    ops.set_num_threads(2)
+    y17 = gk.linear(x, w, int8_x=int8_x)
+    for m in (0, 4, 16):
+        assert torch.equal(gk.linear(x[m : m + 1], w, int8_x=int8_x), y17[m : m + 1])
+    for m0 in (0, 3, 8):
+        assert torch.equal(gk.linear(x[m0 : m0 + 9], w, int8_x=int8_x), y17[m0 : m0 + 9])
+        assert torch.equal(gk.linear(x[m0 : m0 + 5], w, int8_x=int8_x), y17[m0 : m0 + 5])
+    ops.set_num_threads(1)
+    wide = torch.zeros(17, 60)
+    gk.linear(x, w, out=wide[:, 10:55], int8_x=int8_x)
+    assert torch.equal(wide[:, 10:55], y17)
+
+
+def test_quantize_x_reference_rounds_per_block():
+    """The int8_x rounding: per row and block (32 k, or 256 for K-quants), steps of amax/127."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 512)
+    x[0, 40] = 100.0  # coarsens k 32..63 (32-blocks) or 0..255 (K-quants) of row 0 only
+    for name, block in (("Q8_0", 32), ("Q4_K", 256)):
+        xq = gk.quantize_x_reference(x, int(Q[name]))
+        for b in range(512 // block):
+            part, ref = xq[:, b * block : (b + 1) * block], x[:, b * block : (b + 1) * block]
+            step = ref.abs().amax(-1, keepdim=True).double() / 127
+            q = part / step
+            assert (q - q.round()).abs().max() < 1e-4 and q.abs().max() <= 127 + 1e-4
+            assert ((part - ref.double()).abs() <= step / 2 + 1e-7).all()
+
+
+def test_bad_input_is_a_clear_error():
+    raw = torch.zeros(4, 144, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        gk.pack(int(Q.IQ2_XXS), raw, 4, 256)
+    with pytest.raises(ValueError, match="Q4_K .* needs 576"):
+        gk.pack(int(Q.Q4_K), raw[:3], 4, 256)
+    with pytest.raises(ValueError, match="not whole blocks"):
+        gk.pack(int(Q.Q4_K), raw, 4, 200)
+    w = gk.pack(int(Q.Q4_K), raw, 4, 256)
+    with pytest.raises(ValueError, match=r"x must be \[M, 256\]"):
+        gk.linear(torch.zeros(2, 128), w)
+    assert gk.supported(int(Q.Q6_K)) and not gk.supported(int(Q.IQ2_XXS))
+    assert w.nbytes() == 576
