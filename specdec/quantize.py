@@ -12,12 +12,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels import gguf as gguf_kernels
 from specdec.model import Transformer
-from specdec.ops import INT4_BLOCK, INT4_GROUP, LinearWeight, int4_nibble_k, int4_padded
+from specdec.ops import (
+    INT4_BLOCK,
+    INT4_GROUP,
+    FusedWeight,
+    LinearWeight,
+    int4_nibble_k,
+    int4_padded,
+)
 
 
-def quantize_int8(lw: LinearWeight) -> LinearWeight:
+def float_weight(lw: LinearWeight | FusedWeight) -> LinearWeight:
+    """The matrix as plain floats: a GGUF matrix (or fused parts of several) dequantized to the
+    file's exact values; a float matrix as it is."""
+    if isinstance(lw, FusedWeight):
+        parts = [float_weight(p).weight.float() for p in lw.parts]
+        return LinearWeight(torch.cat(parts), lw.bias)
+    if isinstance(lw.weight, gguf_kernels.PackedWeight):
+        return LinearWeight(gguf_kernels.dequantize(lw.weight), lw.bias)
+    return lw
+
+
+def quantize_int8(lw: LinearWeight | FusedWeight) -> LinearWeight:
     """Symmetric per-output-row int8: w ~= scale[n] * q[n, k], |q| <= 127."""
+    lw = float_weight(lw)
     w = lw.weight.float()
     scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
@@ -37,6 +57,7 @@ def quantize_int4(lw: LinearWeight, int8_x: bool = False) -> LinearWeight:
     As in llama.cpp's Q4_0, a group's largest-magnitude weight maps to -8 (the scale takes its
     sign), which uses all 16 levels. Rows are zero-padded to a multiple of 128 inputs.
     ``int8_x``: the product may round x to int8 (see ``LinearWeight``)."""
+    lw = float_weight(lw)
     w = lw.weight.float()
     n, k = w.shape
     kp = int4_padded(k)

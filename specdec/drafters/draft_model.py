@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from specdec import gguf_model
 from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.draft_loop import draft_tokens
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
+from specdec.platform import release_freed_memory
 from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
@@ -26,18 +26,17 @@ def load_draft_model(
     path, dtype: str | torch.dtype, device: str, quantization: str | None, head_ids
 ) -> Transformer:
     """The draft model made as cheap as asked: int8/int4 matrices, an output head over
-    ``head_ids``. A GGUF draft asked for int8/int4 is re-quantized from the file's exact values
-    (on AVX2 our int4 kernel drafts ~1.7x faster than the file's Q5_0/Q8_0 blocks, measured on
-    the default draft); without a quantization it keeps the file's own and reads only the kept
-    rows of its head."""
+    ``head_ids``. A GGUF draft keeps its embedding as the file holds it and reads only the
+    kept rows of its head; asked for int8/int4, its matrices are re-quantized one by one from the
+    file's exact values (on AVX2 our int4 kernel drafts ~1.7x faster than the default draft's
+    Q5_0/Q8_0 blocks)."""
     from specdec import quantize
 
     keep = None if head_ids is None else torch.as_tensor(head_ids, dtype=torch.int64)
-    if quantization is not None and gguf_model.source_of(path) is not None:
-        dtype = torch.float32  # the file's values, to quantize from
     draft = Transformer.from_path(path, dtype, device, head_ids=keep)
     if quantization is not None:
         getattr(quantize, f"quantize_model_{quantization}")(draft)
+        release_freed_memory()
     if keep is not None and draft.head_ids is None:
         restrict_head(draft, keep)
     return draft
