@@ -323,10 +323,30 @@ def test_restricted_head_selects_rows(files):
     keep = torch.tensor([0, 2, 5, 9, 33, 63])
     for name in ("llama", "tied"):
         full = logits_of(Transformer.from_path(files[name], "exact"), PROMPT)
-        draft = load_draft_model(files[name], "exact", "cpu", "int4", keep)
+        draft = load_draft_model(files[name], "exact", "cpu", None, keep)
         assert draft.native and torch.equal(draft.head_ids, keep)
         assert draft.w["lm_head"].out_features == len(keep)
         torch.testing.assert_close(logits_of(draft, PROMPT), full[:, keep], rtol=1e-5, atol=1e-5)
+
+
+def test_int4_drafter_is_requantized_from_the_files_values(files):
+    """A GGUF draft asked for int4 gets int4 matrices quantized from the file's exact values
+    (the head too, restricted first), and its logits stay near the file's model."""
+    from specdec.drafters.draft_model import load_draft_model
+    from specdec.ops import int4_dequantize
+    from specdec.quantize import float_weight
+
+    keep = torch.tensor([0, 2, 5, 9, 33, 63])
+    exact = Transformer.from_path(files["llama"], "exact", head_ids=keep)
+    draft = load_draft_model(files["llama"], "exact", "cpu", "int4", keep)
+    assert torch.equal(draft.head_ids, keep)
+    for name in ("qkv", "o", "gate_up", "down"):
+        lw, ref = draft.w["layers"][0][name], float_weight(exact.w["layers"][0][name]).weight
+        assert lw.weight.dtype == torch.uint8  # int4, two values a byte
+        err = (int4_dequantize(lw, ref.shape[1]) - ref).abs().max()
+        assert err <= ref.abs().max() / 7, name  # within one int4 step of the file's values
+    head = draft.w["lm_head"]
+    assert head.weight.dtype == torch.uint8 and head.out_features == len(keep)
 
 
 # ----------------------------------------------------------------------------- end to end
