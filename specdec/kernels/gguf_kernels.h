@@ -7,6 +7,7 @@
 // For each weight row and group the block is unpacked once into a small buffer in L1 (quants as
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
+// One x row of Q4_K/Q6_K (a decode step) skips the buffer: rows_one reads each block in place.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -153,11 +154,12 @@ struct TQ3_K {  // hmask[32], qs[64], scales[12], d; q = 2 bits | hmask bit << 2
 };
 
 // the integer forms of the scales that dot_k reads
-static inline __m256i word_pick(int g) {  // low half: int16 word 2g, high half: word 2g + 1
-    const char a = (char)(4 * g), b = (char)(4 * g + 2), a1 = (char)(a + 1), b1 = (char)(b + 1);
+static inline __m256i word_pick(int wa, int wb) {  // low half: int16 word wa, high half: wb
+    const char a = (char)(2 * wa), b = (char)(2 * wb), a1 = (char)(a + 1), b1 = (char)(b + 1);
     return _mm256_setr_epi8(a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, a, a1, b, b1, b, b1, b,
                             b1, b, b1, b, b1, b, b1, b, b1, b, b1);
 }
+static inline __m256i word_pick(int g) { return word_pick(2 * g, 2 * g + 1); }
 static inline void k_ready(KBuf &u) {
     const __m256i sc = ld(u.sc);
     const __m256i lo = _mm256_permute2x128_si256(sc, sc, 0x00);  // sc[0..7] in both halves
@@ -462,6 +464,69 @@ static inline void dot_k(const KBuf &u, const XRows &x, long m, long g, float *a
     _mm256_storeu_ps(acc + 8, b);
 }
 
+// ---- one x row: K-quant dots straight from the block's bytes ---------------------------------
+// A decode step has one x row per weight row, so KBuf's stores and reloads and k_ready's
+// shuffles cost more than the dot itself. These give the same int32 isum and osum lanes as
+// k_ready + dot_k (integer sums are exact), then the same two FMAs: the same bits.
+struct KSums {
+    __m256i isum, osum;
+    float d, dmin;
+};
+
+// Q4_K: per 32 k one scale (both halves of sv[j] hold it), mins per 32 k twice as ov
+static inline KSums ints(TQ4_K, const uint8_t *b, const int8_t *xq, const int16_t *s16) {
+    uint32_t a[3];
+    memcpy(a, b + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
+    const uint64_t sc8 = (uint64_t)((a[2] & m4) | ((a[0] >> 2) & top)) << 32 | (a[0] & m6);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8)));
+    const __m256i mn = twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top));
+    const __m256i low4 = bytes(15);
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {  // chunk c's low nibbles are k 64c.., high ones 64c + 32..
+        const __m256i v = ld(b + 16 + 32 * c);
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), ld(xq + 64 * c));
+        const __m256i p1 =
+            _mm256_maddubs_epi16(_mm256_and_si256(srl16(v, 4), low4), ld(xq + 64 * c + 32));
+        const __m256i s0 = _mm256_shuffle_epi8(sc, word_pick(2 * c, 2 * c));
+        const __m256i s1 = _mm256_shuffle_epi8(sc, word_pick(2 * c + 1, 2 * c + 1));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, s0));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, s1));
+    }
+    return {isum, _mm256_madd_epi16(mn, ld(s16)), f16(b), f16(b + 2)};
+}
+
+// Q6_K: q = ql nibble | 2 bits of qh << 4 (off 32: ov = 32 * sc), int8 scales per 16 k
+static inline KSums ints(TQ6_K, const uint8_t *b, const int8_t *xq, const int16_t *s16) {
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    const __m256i low4 = bytes(15), bits45 = bytes(0x30);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: ql[64h + 32(s&1) + l] nibble s>>1
+        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i qh = ld(b + 128 + 32 * h), l0 = ld(b + 64 * h), l1 = ld(b + 64 * h + 32);
+        const __m256i hs[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh,
+                               _mm256_srli_epi16(qh, 2)};  // bits 2s, 2s+1 -> bits 4, 5
+        for (int s = 0; s < 4; s++) {
+            const __m256i ql = s & 1 ? l1 : l0;
+            const __m256i lo = _mm256_and_si256(s >> 1 ? srl16(ql, 4) : ql, low4);
+            const __m256i q = _mm256_or_si256(lo, _mm256_and_si256(hs[s], bits45));
+            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
+            isum = _mm256_add_epi32(isum,
+                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+        }
+    }
+    const __m256i ov = _mm256_mullo_epi16(sc, _mm256_set1_epi16(32));
+    const float d = f16(b + 208);
+    return {isum, _mm256_madd_epi16(ov, ld(s16)), d, d};
+}
+
+template <class T>
+constexpr bool ONE_ROW = false;  // the types with ints(): rows_one at M = 1
+template <>
+constexpr bool ONE_ROW<TQ4_K> = true;
+template <>
+constexpr bool ONE_ROW<TQ6_K> = true;
+
 // eight vectors -> lane i = the sum of vector i's lanes
 static inline __m256i lane_sums(const __m256i (&p)[8]) {
     const __m256i a =
@@ -594,14 +659,36 @@ static void rows(const Job &j, long n0, long n1) {
     }
 }
 
-template <class P>
+// one x row (a decode step), Q4_K/Q6_K: the same FMAs as rows<KInt<T>> per (n, group), with
+// the accumulators in registers and the block read in place
+template <class T>
+static void rows_one(const Job &j, long n0, long n1) {
+    const XRows &x = *j.x;
+    for (long n = n0; n < n1; n++) {
+        const uint8_t *row = j.w + n * j.rb;
+        __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+        for (long g = 0; g < j.groups; g++) {
+            const char *ahead = (const char *)(row + 2 * j.rb + g * T::BYTES);  // as rows
+            for (long p = 0; p < T::BYTES; p += 64) _mm_prefetch(ahead + p, _MM_HINT_T0);
+            const KSums k = ints(T{}, row + g * T::BYTES, x.q + g * G, x.s16 + g * 16);
+            const float dx = x.dx[g];
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.isum), _mm256_set1_ps(k.d * dx), a);
+            b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.osum), _mm256_set1_ps(-(k.dmin * dx)), b);
+        }
+        float s = hsum8(a) + hsum8(b);
+        if (j.bias) s += j.bias[n];
+        j.y[n] = s;
+    }
+}
+
+template <void (*ROWS)(const Job &, long, long)>
 static void run(const Job &j, int nt) {
     constexpr long NB = 8;
     const long items = (j.N + NB - 1) / NB;
 #pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1 && items > 1)
     for (long it = 0; it < items; it++) {
         const long n0 = it * NB, n1 = n0 + NB < j.N ? n0 + NB : j.N;
-        rows<P>(j, n0, n1);
+        ROWS(j, n0, n1);
     }
 }
 
@@ -625,11 +712,18 @@ static void linear(const float *x, const uint8_t *w, const float *bias, float *y
     prepare_x(x, K, xr, int8x, nt);
     const Job j{w, K / T::QK * T::BYTES, N, K, groups, &xr, y, ldy, bias};
     if constexpr (KD == KQ) {
-        if (int8x) run<KInt<T>>(j, nt); else run<Exact<T>>(j, nt);
+        if constexpr (ONE_ROW<T>) {
+            if (int8x && M == 1) {
+                run<rows_one<T>>(j, nt);
+                free(mem);
+                return;
+            }
+        }
+        if (int8x) run<rows<KInt<T>>>(j, nt); else run<rows<Exact<T>>>(j, nt);
     } else if constexpr (KD == B32) {
-        if (int8x) run<BInt<T>>(j, nt); else run<Exact<T>>(j, nt);
+        if (int8x) run<rows<BInt<T>>>(j, nt); else run<rows<Exact<T>>>(j, nt);
     } else {
-        run<Exact<T>>(j, nt);
+        run<rows<Exact<T>>>(j, nt);
     }
     free(mem);
 }
