@@ -107,3 +107,23 @@ def test_default_pair_bf16_sd_identical_to_bf16_ar():
     del ar
     sd = LLM(PAIR["model"], dtype="bfloat16", method="sd", draft_model=PAIR["draft_model"])
     assert sd.generate([ids], params)[0].token_ids == want_ids
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("dtype", ["auto", "exact"])
+def test_default_pair_native_every_method_identical_to_ar(dtype):
+    """The GGUF files run natively (default mode: int8 activations; exact: fp32 activations):
+    every method reproduces AR's tokens, because every kernel is batch invariant."""
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    with LLM(PAIR["model"], dtype=dtype) as ar:
+        assert ar.target.native
+        ids = [ar.chat_prompt(t) for t in (CODE, PROSE)]
+        want_ids = [o.token_ids for o in ar.generate(ids, params)]
+    for kw in (
+        {"method": "sd", "draft_model": PAIR["draft_model"]},
+        {"method": "sd", "draft_model": PAIR["draft_model"], "draft_quantization": "none"},
+        {"method": "ngram"},
+        {"method": "ssd", "draft_model": PAIR["draft_model"]},
+    ):
+        with LLM(PAIR["model"], dtype=dtype, **kw) as llm:
+            assert [o.token_ids for o in llm.generate(ids, params)] == want_ids, kw
