@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from specdec.bench.table import aligned_table
+
 PASS_SIZES = (1, 2, 5, 9, 16)
 CONTEXT = 128  # tokens in the cache before each timed pass
 
@@ -93,10 +95,4 @@ def format_pass_table(rows: list[dict]) -> str:
                 "-" if draft is None else f"{draft * 1e3:.1f}",
             ]
         )
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    text = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-        for row in lines
-    ]
-    text.insert(1, "-" * len(text[0]))
-    return "\n".join(text)
+    return aligned_table(lines)

@@ -53,6 +53,7 @@ from datetime import datetime
 from pathlib import Path
 
 from specdec.bench.prompts import PROMPT_TYPES, encode_prompts, load_prompts
+from specdec.bench.table import aligned_table
 from specdec.config import DTYPES
 
 DRAFT = "<draft>"  # placeholder in a row's kwargs, replaced by --draft-model
@@ -697,13 +698,7 @@ def format_table(report: dict) -> str:
             else f"{'yes' if same else 'no'} ({total['same_as_ar_prompts']}/{total['prompts']})",
         ]
         rows.append(cells)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        for r in rows
-    ]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return aligned_table(rows)
 
 
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, Path]:
