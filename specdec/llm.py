@@ -23,7 +23,7 @@ from specdec.kv_cache import kv_budget_bytes
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.model import Transformer, resolve_dtype
 from specdec.outputs import RequestOutput, to_output
-from specdec.platform import machine_cores, pin_cpu_cores, split_cores  # noqa: F401
+from specdec.platform import pin_cpu_cores, split_cores
 from specdec.quantize import frequent_token_ids
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
