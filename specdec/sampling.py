@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.coupling import PositionNoise
+
+# how a sampled (temperature > 0) request draws its tokens under speculation; greedy requests
+# give the same text either way. "coupled": the same seed gives the same text with every method
+# (coupling.py); "rejection": speculative sampling (verify.py), the best acceptance; "auto":
+# coupled when the request has a seed, rejection when it does not.
+SAMPLERS = ("auto", "coupled", "rejection")
+
 
 @dataclass
 class SamplingParams:
@@ -27,6 +35,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    sampler: str = "auto"
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self):
@@ -51,6 +60,8 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             bad(f"seed must be an integer, got {self.seed!r}")
+        if self.sampler not in SAMPLERS:
+            bad(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
@@ -64,14 +75,24 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def coupled(self) -> bool:
+        """Draw from position-keyed noise (coupling.py): sampled requests whose sampler is
+        "coupled", or "auto" with a seed."""
+        if self.greedy:
+            return False
+        return self.sampler == "coupled" or (self.sampler == "auto" and self.seed is not None)
+
 
 class SequenceRNG:
-    """A request's own random stream: its seed alone decides its samples, whatever else is in
-    the batch. Unseeded requests draw a seed from the OS."""
+    """A request's own randomness: its seed alone decides its samples, whatever else is in
+    the batch. Unseeded requests draw a seed from the OS. Rejection sampling reads a stream of
+    uniforms in call order; coupled sampling reads noise keyed by position (``noise``)."""
 
     def __init__(self, seed: int | None):
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
         self._rng = random.Random(self.seed)
+        self.noise = PositionNoise(self.seed)
 
     def uniform(self) -> float:
         return self._rng.random()

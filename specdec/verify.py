@@ -12,6 +12,10 @@ Greedy is the special case of point masses: accept while d_i == argmax p_i, and 
 of two different point masses is p's point mass, i.e. the target's argmax. An n-gram draft is
 a point-mass q: accept with probability p_i(d_i), residual = p_i without d_i.
 The verifier sees only probabilities and tokens, never a model or a cache.
+
+Coupled rows (coupling.py) are judged by ``verify_coupled`` instead: the target's own choice
+x_i = argmax p_i * w_i under the request's position-keyed weights w_i; accept while d_i == x_i,
+emit x at the first difference or at the bonus position. No uniforms and no q are involved.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.coupling import coupled_choice
 from specdec.sampling import sample
 
 
@@ -66,7 +71,7 @@ def verify(
         idx = draft[:, :, None]
         ratio = acceptance_ratio(p[:, :kmax].gather(-1, idx)[..., 0], q.gather(-1, idx)[..., 0])
         ok = (u_accept.double() < ratio) & (torch.arange(kmax)[None, :] < k[:, None])
-        n_acc = ok.long().cumprod(-1).sum(-1)  # leading run of accepts
+        n_acc = leading_run(ok)
     else:
         n_acc = torch.zeros(bsz, dtype=torch.long)
     rejected = n_acc < k
@@ -76,3 +81,48 @@ def verify(
         at[r] = residual(p[r, n_acc[r]], q[r, n_acc[r]])
     token = sample(at, u_next)
     return Verdict(n_acc, token, at)
+
+
+def leading_run(ok: torch.Tensor) -> torch.Tensor:
+    """[B] the number of leading True entries of each row of ok [B,K]."""
+    return ok.long().cumprod(-1).sum(-1)
+
+
+def verify_coupled(
+    p: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, weights: torch.Tensor
+) -> Verdict:
+    """One verification step for coupled rows: p [B,K+1,V], draft [B,K], k [B], weights
+    [B,K+1,V] (ones for a greedy row: the choice is then the argmax)."""
+    bsz, kmax = draft.shape
+    rows = torch.arange(bsz)
+    choice = coupled_choice(p, weights)  # [B,K+1]: the target's token at every position
+    ok = (draft == choice[:, :kmax]) & (torch.arange(kmax)[None, :] < k[:, None])
+    n_acc = leading_run(ok) if kmax else torch.zeros(bsz, dtype=torch.long)
+    return Verdict(n_acc, choice[rows, n_acc], p[rows, n_acc].double())
+
+
+def verify_rows(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    draft: torch.Tensor,
+    k: torch.Tensor,
+    coupled: list[bool],
+    u_accept: torch.Tensor,
+    u_next: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> Verdict:
+    """A batch whose rows may use either rule: coupled rows (weights [n_coupled,K+1,V], in row
+    order) by ``verify_coupled``, the others by ``verify``."""
+    if not any(coupled):
+        return verify(p, q, draft, k, u_accept, u_next)
+    c = torch.tensor(coupled)
+    if all(coupled):
+        return verify_coupled(p, draft, k, weights)
+    a = verify_coupled(p[c], draft[c], k[c], weights)
+    b = verify(p[~c], q[~c], draft[~c], k[~c], u_accept[~c], u_next[~c])
+    n_acc = torch.empty(len(coupled), dtype=torch.long)
+    token = torch.empty(len(coupled), dtype=torch.long)
+    dist = torch.empty(len(coupled), p.shape[-1], dtype=torch.float64)
+    n_acc[c], token[c], dist[c] = a.num_accepted, a.next_token, a.next_dist
+    n_acc[~c], token[~c], dist[~c] = b.num_accepted, b.next_token, b.next_dist
+    return Verdict(n_acc, token, dist)

@@ -59,9 +59,9 @@ def test_seeded_sampling_reproducible_and_seeds_differ(tiny_llm):
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=1.0, max_tokens=2),
-        SamplingParams(temperature=0.6, top_k=5, max_tokens=2),
-        SamplingParams(temperature=1.3, top_p=0.8, max_tokens=2),
+        SamplingParams(temperature=1.0, max_tokens=2, sampler="rejection"),
+        SamplingParams(temperature=0.6, top_k=5, max_tokens=2, sampler="rejection"),
+        SamplingParams(temperature=1.3, top_p=0.8, max_tokens=2, sampler="rejection"),
     ],
     ids=["t1", "topk", "topp"],
 )

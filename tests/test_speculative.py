@@ -37,11 +37,12 @@ def ar_llm(tiny_dirs):
     return LLM(tiny_dirs["v16"], dtype="float32")
 
 
+# speculative sampling (rejection); the coupled sampler has its own tests in test_coupled.py
 SAMPLING = [
-    SamplingParams(temperature=1.0, max_tokens=LENGTH),
-    SamplingParams(temperature=0.6, max_tokens=LENGTH),
-    SamplingParams(temperature=1.0, top_k=4, max_tokens=LENGTH),
-    SamplingParams(temperature=1.0, top_p=0.7, max_tokens=LENGTH),
+    SamplingParams(temperature=1.0, max_tokens=LENGTH, sampler="rejection"),
+    SamplingParams(temperature=0.6, max_tokens=LENGTH, sampler="rejection"),
+    SamplingParams(temperature=1.0, top_k=4, max_tokens=LENGTH, sampler="rejection"),
+    SamplingParams(temperature=1.0, top_p=0.7, max_tokens=LENGTH, sampler="rejection"),
 ]
 SAMPLING_IDS = ["t1", "t0.6", "topk", "topp"]
 
@@ -114,9 +115,12 @@ def test_batched_equals_single(request, which):
     for params in (
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
         SamplingParams(temperature=1.0, max_tokens=20, seed=3, ignore_eos=True),
+        SamplingParams(
+            temperature=1.0, max_tokens=20, seed=3, ignore_eos=True, sampler="rejection"
+        ),
     ):
-        if which == "sd_llm" and not params.greedy:
-            continue  # adaptive K depends on timing: seeded equality needs a fixed K
+        if which == "sd_llm" and params.sampler == "rejection":
+            continue  # adaptive K depends on timing: rejection sampling's text needs a fixed K
         batched = llm.generate(PROMPTS, params)
         for prompt, out in zip(PROMPTS, batched):
             assert llm.generate([prompt], params)[0].token_ids == out.token_ids

@@ -128,7 +128,7 @@ N = 2000
     ids=["c1-neural", "c0.5-neural", "c0.5-fast", "forced-misses"],
 )
 def test_sampled_ssd_follows_target_distribution(tiny_dirs, kw):
-    params = SamplingParams(temperature=1.0, max_tokens=LENGTH)
+    params = SamplingParams(temperature=1.0, max_tokens=LENGTH, sampler="rejection")
     # K = 1 so that 4 tokens take several rounds: speculation-cache lookups really happen
     draft = {"draft_model": tiny_dirs["v16_draft"], "draft_vocab": None}
     with ssd(tiny_dirs, num_speculative_tokens=1, **draft, **kw) as llm:

@@ -7,6 +7,7 @@ import argparse
 from dataclasses import MISSING, fields
 
 from specdec.config import DraftConfig, EngineConfig, SSDConfig, engine_options, keyword_of
+from specdec.sampling import SAMPLERS
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -48,6 +49,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default="auto",
+        help="coupled: a seed gives the same text with every method; rejection: speculative "
+        "sampling, the best acceptance; auto (default): coupled with a seed, else rejection",
+    )
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--stop-token-ids", type=lambda s: [int(x) for x in s.split(",")], default=None)
     g.add_argument("--ignore-eos", action="store_true")
@@ -84,6 +92,7 @@ def sampling_from_args(args: argparse.Namespace):
         top_p=args.top_p,
         max_tokens=args.max_tokens,
         seed=args.seed,
+        sampler=args.sampler,
         stop=args.stop,
         stop_token_ids=args.stop_token_ids,
         ignore_eos=args.ignore_eos,

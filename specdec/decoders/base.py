@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from specdec.coupling import coupled_choice
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.sampling import probabilities, sample
@@ -85,8 +86,17 @@ class Decoder:
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of ``logits`` [B,V] under each sequence's own parameters."""
         probs = probabilities(logits, [s.params for s in seqs], self.vocab_size)
-        uniforms = [0.0 if s.params.greedy else s.rng.uniform() for s in seqs]
-        return sample(probs, uniforms).tolist()
+        uniforms = [0.0 if s.params.greedy or s.params.coupled else s.rng.uniform() for s in seqs]
+        tokens = sample(probs, uniforms)
+        coupled = [i for i, s in enumerate(seqs) if s.params.coupled]
+        if coupled:  # the token at index num_tokens, from the request's noise there
+            w = torch.cat(
+                [seqs[i].rng.noise.weights([seqs[i].num_tokens], probs.shape[-1]) for i in coupled]
+            )
+            tokens[coupled] = coupled_choice(probs[coupled], w).to(tokens.dtype)
+            for i in coupled:
+                seqs[i].rng.noise.forget_before(seqs[i].num_tokens)
+        return tokens.tolist()
 
     def round(self, seqs: list[Sequence]) -> None:
         raise NotImplementedError

@@ -8,6 +8,7 @@ One round, for every running sequence (cache invariant: all tokens but the pendi
   2. d, q   = drafter.propose(sequence, K)                   d_i ~ q_i
   3. p      = target([pending, d_1..d_K])                    p_1..p_{K+1}, one pass
   4. n, t   = verify(p, q, d)                                accept d_1..d_n, then t
+              (coupled rows: verify_coupled, with the request's position-keyed noise)
   5. roll the target cache back to pending + d_1..d_n; t becomes the pending token;
      append d_1..d_n, t to the sequence one by one (stops, EOS and max_tokens apply)
 """
@@ -24,20 +25,34 @@ from specdec.drafters.base import Drafter
 from specdec.model import Transformer
 from specdec.sampling import probabilities
 from specdec.sequence import Sequence
-from specdec.verify import verify
+from specdec.verify import verify_rows
 
 
 def draw_uniforms(seqs: list[Sequence], k: list[int], kmax: int):
-    """Accept-test uniforms (k_b per row) and one for the emitted token; greedy rows need no
-    randomness (their ratios are 0 or 1 and their distributions point masses)."""
+    """Accept-test uniforms (k_b per row) and one for the emitted token; greedy and coupled
+    rows need none (their verdicts are functions of p and the drafts, and of the noise)."""
     u_acc = torch.zeros(len(seqs), kmax, dtype=torch.float64)
     u_next = torch.zeros(len(seqs), dtype=torch.float64)
     for i, (s, kb) in enumerate(zip(seqs, k)):
-        if not s.params.greedy:
+        if not s.params.greedy and not s.params.coupled:
             if kb:
                 u_acc[i, :kb] = torch.tensor(s.rng.uniforms(kb), dtype=torch.float64)
             u_next[i] = s.rng.uniform()
     return u_acc, u_next
+
+
+def coupled_weights(seqs: list[Sequence], k: list[int], kmax: int, vocab: int):
+    """For the coupled rows, the noise at the K+1 verified positions (the token after the
+    pending one and j drafts sits at index num_tokens + j); ones past a row's own k_b + 1,
+    where no token is chosen. None when no row is coupled."""
+    coupled = [s for s in seqs if s.params.coupled]
+    if not coupled:
+        return None
+    w = torch.ones(len(coupled), kmax + 1, vocab, dtype=torch.float64)
+    for i, (s, kb) in enumerate((s, kb) for s, kb in zip(seqs, k) if s.params.coupled):
+        n = s.num_tokens
+        w[i, : kb + 1] = s.rng.noise.weights(list(range(n, n + kb + 1)), vocab)
+    return w
 
 
 class SpeculativeDecoder(Decoder):
@@ -104,8 +119,11 @@ class SpeculativeDecoder(Decoder):
         timer.phase("verify", verify_s)
 
         p = probabilities(logits, [s.params for s in seqs], self.vocab_size)
-        u_acc, u_next = draw_uniforms(seqs, k.tolist(), drafts.shape[1])
-        verdict = verify(p, q, drafts, k, u_acc, u_next)
+        kmax = drafts.shape[1]
+        u_acc, u_next = draw_uniforms(seqs, k.tolist(), kmax)
+        weights = coupled_weights(seqs, k.tolist(), kmax, p.shape[-1])
+        coupled = [s.params.coupled for s in seqs]
+        verdict = verify_rows(p, q, drafts, k, coupled, u_acc, u_next, weights)
 
         prev_lengths = [s.num_tokens for s in seqs]
         n_acc = verdict.num_accepted.tolist()
@@ -118,6 +136,7 @@ class SpeculativeDecoder(Decoder):
             for tok in row_drafts[:n] + [t_next]:
                 if s.append(tok):
                     break
+            s.rng.noise.forget_before(s.num_tokens)
         # a parallel drafter may make the target wait here for next round's drafts (SSD's
         # just-in-time backup on a miss): drafting time, as the controller must see it
         wait_s = self.drafter.accept_outcome(seqs, prev_lengths, n_acc, nxt)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.coupling import coupled_choice
 from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.draft_loop import draft_tokens
@@ -108,11 +109,25 @@ class DraftModelDrafter(Drafter):
             logits, params, self.model, self.tokenizer_vocab, self.target_vocab
         )
 
-    def _sample(self, q: torch.Tensor, seqs: list[Sequence], live: list[bool]) -> torch.Tensor:
-        # rows drafting past their own k are padding: they draw no randomness, so a seeded
-        # request's samples do not depend on what else is in the batch
-        u = [s.rng.uniform() if ok and not s.params.greedy else 0.0 for s, ok in zip(seqs, live)]
-        return sample(q, u)
+    def _sample(
+        self, q: torch.Tensor, seqs: list[Sequence], live: list[bool], i: int
+    ) -> torch.Tensor:
+        """Draft position i (0-based) of every row. Rows drafting past their own k are padding:
+        they draw no randomness, so a seeded request's samples do not depend on what else is
+        in the batch. Coupled rows guess the target's choice with its noise (coupling.py) at
+        the draft's index in the sequence, num_tokens + i."""
+        u = [
+            s.rng.uniform() if ok and not s.params.greedy and not s.params.coupled else 0.0
+            for s, ok in zip(seqs, live)
+        ]
+        tokens = sample(q, u)
+        coupled = [b for b, (s, ok) in enumerate(zip(seqs, live)) if ok and s.params.coupled]
+        if coupled:
+            w = torch.cat(
+                [seqs[b].rng.noise.weights([seqs[b].num_tokens + i], q.shape[-1]) for b in coupled]
+            )
+            tokens[coupled] = coupled_choice(q[coupled], w).to(tokens.dtype)
+        return tokens
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         rows = self._rows(seqs)
@@ -128,7 +143,7 @@ class DraftModelDrafter(Drafter):
 
         def draw(logits: torch.Tensor, i: int) -> torch.Tensor:
             q[:, i] = self._distribution(logits, seqs)
-            tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks])
+            tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks], i)
             return tokens[:, i]
 
         def advance(drawn: torch.Tensor, i: int) -> torch.Tensor:

@@ -9,7 +9,16 @@ from specdec.server.errors import APIError
 
 MAX_N = 128
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop_token_ids", "stop")
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "seed",
+    "sampler",
+    "stop_token_ids",
+    "stop",
+)
 
 
 def check_model(name: str | None, served: str) -> None:
@@ -83,6 +92,7 @@ def sampling_params(req, max_tokens: int, seed: int | None) -> SamplingParams:
             top_k=top_k,
             max_tokens=max_tokens,
             seed=seed,
+            sampler=req.sampler or "auto",
             stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=bool(req.ignore_eos),

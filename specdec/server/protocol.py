@@ -53,6 +53,7 @@ class _SamplingFields(_Strict):
     top_p: float | None = None  # default 1.0
     top_k: int | None = None  # extension: 0 or -1 = off
     seed: int | None = None
+    sampler: str | None = None  # extension: "auto" (default), "coupled", "rejection"
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool | None = None  # extension

@@ -158,6 +158,7 @@ class SSDDrafter(Drafter):
             top_p=p.top_p,
             seed=seq.rng.seed,
             fanout=self._plan(seq, self.k),
+            coupled=p.coupled,
         )
 
     def after_prefill(self, seqs: list[Sequence]) -> None:

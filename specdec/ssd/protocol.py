@@ -103,6 +103,7 @@ class PrefillSeq:
     top_p: float
     seed: int  # the request's seed: the worker derives its own random stream from it
     fanout: list[int] = field(default_factory=list)  # until the first round sends one
+    coupled: bool = False  # draft with the request's position-keyed noise (coupling.py)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from specdec.coupling import PositionNoise
 from specdec.sampling import SamplingParams
 from specdec.ssd.cache import SpeculationCache
 
@@ -42,6 +43,7 @@ class SequenceState:
     row: int
     params: SamplingParams
     rng: random.Random  # the worker's own stream for this sequence
+    noise: PositionNoise | None = None  # the request's noise, for a coupled sequence
     length: int = 0  # tokens held in the cache row
     fanout: list[int] = field(default_factory=list)
     trunk_start: int = 0  # slot of this round's b_prev

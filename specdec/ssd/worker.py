@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specdec.coupling import PositionNoise
 from specdec.decoders.base import pad_right
 from specdec.drafters.draft_loop import draft_tokens
 from specdec.drafters.draft_model import draft_distribution, load_draft_model
@@ -132,16 +133,34 @@ class DraftWorker:
         """Tokens per speculation this time: the target's current K, at most the configured."""
         return max(1, min(self.cfg.k, depth))
 
-    def _tops(self, logits: torch.Tensor, n: int) -> list[list[int]]:
-        """The draft's n most likely next tokens (real tokens only, in the target's ids) for
-        each row of logits [R, V]."""
+    def _tops(
+        self,
+        logits: torch.Tensor,
+        n: int,
+        states: list[SequenceState],
+        at: list[int],
+        q: torch.Tensor | None = None,
+    ) -> list[list[int]]:
+        """The draft's n best guesses (real tokens only, in the target's ids) for the token at
+        index at[r] of the sequence row r of logits [R, V] continues: its most likely tokens,
+        or for a coupled sequence the highest q~ * w at[r] (coupling.py), whose first is the
+        draft's own coupled draw. ``q``: the rows' draft distributions, if already computed."""
         head_ids = getattr(self.model, "head_ids", None)
         scores = logits.clone()
         if head_ids is not None:
             scores[:, head_ids >= self.cfg.tokenizer_vocab] = float("-inf")
-            return head_ids[scores.topk(n, dim=-1).indices].tolist()
-        scores[:, self.cfg.tokenizer_vocab :] = float("-inf")
-        return scores.topk(n, dim=-1).indices.tolist()
+            tops = head_ids[scores.topk(n, dim=-1).indices].tolist()
+        else:
+            scores[:, self.cfg.tokenizer_vocab :] = float("-inf")
+            tops = scores.topk(n, dim=-1).indices.tolist()
+        coupled = [r for r, st in enumerate(states) if st.noise is not None]
+        if coupled:
+            q = self._q(logits[coupled], [states[r] for r in coupled]) if q is None else q[coupled]
+            w = torch.cat([states[r].noise.weights([at[r]], q.shape[-1]) for r in coupled])
+            ranked = (q.double() * w).topk(n, dim=-1).indices.tolist()
+            for r, ids in zip(coupled, ranked):
+                tops[r] = ids
+        return tops
 
     @property
     def _n_tops(self) -> int:
@@ -155,18 +174,26 @@ class DraftWorker:
         logits: torch.Tensor,
         states: list[SequenceState],
         position: int,
+        at: list[int],
     ) -> list[int]:
         """Draw one token per row of logits [R, V] (row r continues states[r]) at draft
-        position ``position`` (0-based), record it in drafted[r], and return the tokens.
-        Greedy rows skip the full-vocabulary transform: their q' is the point mass on the
-        argmax over real tokens (the first top token)."""
-        tops = self._tops(logits, self._n_tops)
+        position ``position`` (0-based; index at[r] of the sequence), record it in drafted[r],
+        and return the tokens. Greedy rows skip the full-vocabulary transform: their q' is the
+        point mass on the argmax over real tokens (the first top token); so are coupled rows,
+        on their coupled draw (the verifier judges them by equality, not by q')."""
+        one = torch.ones(1, dtype=torch.float64)
         if all(st.params.greedy for st in states):
-            one = torch.ones(1, dtype=torch.float64)
+            tops = self._tops(logits, self._n_tops, states, at)
             draws = [(top[0], torch.tensor([top[0]]), one) for top in tops]
         else:
             q = self._q(logits, states)
-            draws = [self._draw(q[i], st, position) for i, st in enumerate(states)]
+            tops = self._tops(logits, self._n_tops, states, at, q)
+            draws = [
+                (tops[i][0], torch.tensor([tops[i][0]]), one)
+                if st.noise is not None
+                else self._draw(q[i], st, position)
+                for i, st in enumerate(states)
+            ]
         for d, (token, ids, probs), top in zip(drafted, draws, tops):
             d.add(token, ids, probs, top)
         return [token for token, _, _ in draws]
@@ -192,6 +219,8 @@ class DraftWorker:
             # never the target's own draws, which decide acceptance and must be independent
             rng = random.Random(f"specdec-ssd-drafter:{item.seed}")
             st = SequenceState(self.cache.allocate(), item.sampling(), rng)
+            if item.coupled and not st.params.greedy:
+                st.noise = PositionNoise(item.seed)
             st.fanout = item.fanout
             self.seqs[item.sid] = st
         states = [self.seqs[item.sid] for item in msg.seqs]
@@ -211,6 +240,8 @@ class DraftWorker:
         for st, item, trunk_tops in zip(states, msg.seqs, tops):
             # the catch-up (tokens emitted in rounds without drafts) precedes the trunk
             st.trunk_start = item.start + len(item.catch_up)
+            if st.noise is not None:  # b_prev and everything before it are final
+                st.noise.forget_before(st.trunk_start + 1)
             st.trunk = item.trunk
             st.length = st.trunk_start + len(item.trunk)
             # 2. candidates for the token after each number of accepted drafts
@@ -248,7 +279,11 @@ class DraftWorker:
         rows = self._rows([states[i] for i in run])
         logits = self.model.forward(tokens, self.cache, rows, num_new=lengths, logits_at=at)
         for r, i in enumerate(run):
-            tops[i] += self._tops(logits[r, : int(n_trunk[r])], self._n_tops)
+            # trunk token j predicts the token at index trunk start + j + 1
+            first = items[i].start + len(items[i].catch_up) + len(tops[i]) + 1
+            n = int(n_trunk[r])
+            at = list(range(first, first + n))
+            tops[i] += self._tops(logits[r, :n], self._n_tops, [states[i]] * n, at)
         return tops
 
     def _draft_tree(
@@ -278,7 +313,10 @@ class DraftWorker:
             drawn = []
             for i, (st, lay) in enumerate(zip(states, layouts)):
                 branch_logits = logits[i, : lay.width]
-                drawn.append(self._draw_into(drafted[i], branch_logits, [st] * lay.width, step))
+                # a branch after k accepted drafts has its root at index trunk_start + 1 + k
+                at = [st.trunk_start + k + 2 + step for k in lay.branch_k]
+                drafted_now = self._draw_into(drafted[i], branch_logits, [st] * lay.width, step, at)
+                drawn.append(drafted_now)
             return step_tokens(drawn)
 
         def advance(tokens: torch.Tensor, step: int) -> torch.Tensor:
@@ -352,7 +390,8 @@ class DraftWorker:
         drafted = [_Drafted() for _ in states]
 
         def draw(logits: torch.Tensor, step: int) -> torch.Tensor:
-            return torch.tensor(self._draw_into(drafted, logits, states, step))
+            at = [pos + 1 + step for pos in pending_at]
+            return torch.tensor(self._draw_into(drafted, logits, states, step, at))
 
         def advance(tokens: torch.Tensor, step: int) -> torch.Tensor:
             return self.model.forward(tokens[:, None], self.cache, rows)[:, 0]
