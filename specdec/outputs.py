@@ -16,6 +16,9 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens only
     finish_reason: str | None  # "stop" | "length" | "abort"
     metrics: RequestMetrics
+    # the seed this request sampled with (drawn from the OS when none was given): with
+    # SamplingParams(seed=..., sampler="coupled") it gives the same text with any method
+    seed: int | None = None
 
 
 def to_output(seq: Sequence, method: str) -> RequestOutput:
@@ -26,4 +29,5 @@ def to_output(seq: Sequence, method: str) -> RequestOutput:
         token_ids=list(seq.output_ids),
         finish_reason=seq.finish_reason,
         metrics=RequestMetrics.from_sequence(seq, method),
+        seed=None if seq.params.greedy else seq.rng.seed,
     )

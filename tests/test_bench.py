@@ -61,6 +61,25 @@ def test_speculative_rows_report_acceptance_and_match_ar(tiny_dirs, tmp_path):
             assert 0 <= total["acceptance_rate"] <= 1 and total["mean_tokens_per_round"] >= 1
 
 
+def test_sampled_bench_compares_the_samplers(tiny_dirs, tmp_path, capsys):
+    """At temperature > 0 with a seed, the coupled rows give AR's very text, the rejection rows
+    are not compared, and both report their acceptance side by side."""
+    out = tmp_path / "results"
+    extra = ("--types", "code", "--temperature", "0.8", "--seed", "3")
+    args = bench_args(tiny_dirs, out, "ar,samplers", *extra)
+    assert args.func(args) == 0
+    report = json.loads((out / "latest.json").read_text())
+    rows = report["methods"]
+    assert list(rows) == ["ar", "sd-coupled", "sd-rejection", "ssd-coupled", "ssd-rejection"]
+    assert report["config"]["temperature"] == 0.8
+    for label, res in rows.items():
+        total = res["types"]["all"]
+        assert total["same_as_ar"] is (None if label.endswith("rejection") else True), label
+        if label != "ar":
+            assert 0 <= total["acceptance_rate"] <= 1, label
+    assert "sd-rejection" in capsys.readouterr().out
+
+
 def test_unknown_method_lists_available_ones(tiny_dirs):
     with pytest.raises(ValueError, match=r"unknown method 'nope'.*available here: ar, .*hf"):
         select_methods("ar,nope", str(tiny_dirs["llama"]))

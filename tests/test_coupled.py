@@ -130,10 +130,17 @@ def test_auto_sampler_is_coupled_with_a_seed(ar, methods):
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 
 
-def test_unseeded_requests_draw_fresh_seeds(ar):
+def test_unseeded_requests_draw_fresh_seeds_and_report_them(ar, methods):
+    """A request without a seed gets a fresh one, reported on its output: passed back, it
+    gives the same text with any method."""
     params = SamplingParams(temperature=1.0, max_tokens=24, sampler="coupled", ignore_eos=True)
-    texts = {tuple(o.token_ids) for o in ar.generate([PROMPTS[0]] * 8, params)}
-    assert len(texts) > 4
+    outs = ar.generate([PROMPTS[0]] * 8, params)
+    assert len({tuple(o.token_ids) for o in outs}) > 4
+    assert len({o.seed for o in outs}) == 8
+    again = dataclasses.replace(params, seed=outs[0].seed)
+    assert methods["sd-adaptive"].generate([PROMPTS[0]], again)[0].token_ids == outs[0].token_ids
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    assert ar.generate([PROMPTS[0]], greedy)[0].seed is None
 
 
 # -- exactness -------------------------------------------------------------------------------

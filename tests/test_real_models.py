@@ -69,6 +69,19 @@ def want(ar_fp32):
     return ids, [o.token_ids for o in ar_fp32.generate(ids, params)], params
 
 
+SEEDED = [  # same seed, same text (the coupled sampler): every method gives AR's sample
+    SamplingParams(temperature=t, top_p=p, max_tokens=48, seed=s, ignore_eos=True)
+    for t, p, s in ((0.7, 1.0, 1), (1.0, 0.95, 2))
+]
+
+
+@pytest.fixture(scope="module")
+def want_seeded(ar_fp32, want):
+    ids = want[0] * len(SEEDED)
+    params = [p for p in SEEDED for _ in want[0]]
+    return ids, [o.token_ids for o in ar_fp32.generate(ids, params)], params
+
+
 @pytest.mark.heavy
 def test_default_pair_ar_matches_transformers(want):
     from specdec.registry import resolve_model
@@ -88,11 +101,11 @@ def test_default_pair_ar_matches_transformers(want):
     ],
     ids=["sd", "sd-k6", "ngram", "ssd"],
 )
-def test_default_pair_greedy_identical_to_ar(want, kw):
-    ids, tokens, params = want
+def test_default_pair_greedy_and_seeded_identical_to_ar(want, want_seeded, kw):
     with LLM(PAIR["model"], dtype="float32", **kw) as llm:
-        outs = llm.generate(ids, params)
-        assert [o.token_ids for o in outs] == tokens
+        for ids, tokens, params in (want, want_seeded):
+            outs = llm.generate(ids, params)
+            assert [o.token_ids for o in outs] == tokens
         assert llm.metrics()["drafted_tokens"] > 0
 
 

@@ -327,10 +327,12 @@ def test_32_concurrent_streaming_clients(server, ref):
     assert_idle(server)
 
 
-@pytest.mark.parametrize("method", ["sd", "ngram", "ssd"])
+@pytest.mark.parametrize("method", ["sd", "sd-adaptive", "ngram", "ssd"])
 def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs, ref, method):
-    kw = {"draft_model": tiny_dirs["draft"]} if method in ("sd", "ssd") else {}
-    llm = LLM(tiny_dirs["llama"], method=method, num_speculative_tokens=3, dtype="float32", **kw)
+    kw = {"draft_model": tiny_dirs["draft"]} if method.startswith(("sd", "ssd")) else {}
+    kw["num_speculative_tokens"] = None if method == "sd-adaptive" else 3
+    method = method.removesuffix("-adaptive")
+    llm = LLM(tiny_dirs["llama"], method=method, dtype="float32", **kw)
     prompt = "w3 w4 w5 w3 w4 w5 w3 w4"  # repeats: prompt lookup has something to propose
     want = greedy(ref, prompt, 24, ignore_eos=True)  # AR: speculative decoding is lossless
     with llm, ServerThread(create_app(llm, MODEL, max_num_seqs=4)) as srv:
@@ -355,7 +357,34 @@ def test_speculative_methods_serve_the_same_text_and_report_acceptance(tiny_dirs
         assert metric(srv, "specdec_acceptance_rate") == pytest.approx(accepted / drafted)
         if method == "ssd":
             assert 0 <= metric(srv, "specdec_ssd_hit_rate") <= 1
+        assert_seeded_text_equals_ar(c, ref, prompt)
         assert_idle(srv)
+
+
+def assert_seeded_text_equals_ar(c, ref, prompt):
+    """Same seed, same text: a sampled request gives AR's text through the server whatever the
+    method (the coupled sampler), in completions and chat, streamed or not, with n > 1."""
+
+    def python(prompt_ids, seed, **kw):
+        p = SamplingParams(temperature=0.8, max_tokens=16, seed=seed, ignore_eos=True, **kw)
+        return ref.generate([prompt_ids], p)[0].text
+
+    kw = dict(model=MODEL, max_tokens=16, temperature=0.8, extra_body={"ignore_eos": True})
+    prompt_ids = ref.tokenizer.encode(prompt)
+    for seed in (0, 1, 2):
+        r = c.completions.create(prompt=prompt, seed=seed, n=2, top_p=0.9, **kw)
+        assert [ch.text for ch in r.choices] == [
+            python(prompt_ids, s, top_p=0.9) for s in (seed, seed + 1)
+        ]
+        chunks = c.completions.create(prompt=prompt, seed=seed, stream=True, top_p=0.9, **kw)
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
+    messages = [{"role": "user", "content": prompt}]
+    chat_ids = ref.chat_prompt(messages)
+    r = c.chat.completions.create(messages=messages, seed=5, **kw)
+    assert r.choices[0].message.content == python(chat_ids, 5)
+    chunks = c.chat.completions.create(messages=messages, seed=5, stream=True, **kw)
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == python(chat_ids, 5)
 
 
 def test_ssd_and_aggregate_metrics():

@@ -31,9 +31,12 @@ is n / (whole generate call, prefill included). Per prompt we take the median ov
 prompt type the median over prompts. Speculative rows also record acceptance and tokens per
 round (ours from their metrics; ``hf-assisted`` only tokens per target pass, from the streamer).
 
-"same as AR" compares a method's token ids with our greedy AR's for the same prompt (for ``ar``
-itself: whether its repeats agree). It is only meaningful at temperature 0 and needs ``ar`` in
-the run; small differences are expected where the arithmetic differs (transformers in bf16).
+"same as AR" compares a method's token ids with our AR's for the same prompt (for ``ar``
+itself: whether its repeats agree); it needs ``ar`` in the run. Greedy, every row is compared
+(small differences are expected where the arithmetic differs: transformers in bf16). With
+``--temperature`` > 0 every row of ours samples with ``--seed``, so the coupled rows (the default
+for a seeded request) must give AR's very text; rejection-sampling rows (``sd-rejection``,
+``ssd-rejection`` of the ``samplers`` group) and the peers are not compared.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class MethodSpec:
 
 
 STUDY = "ssd-study"  # the group of rows that compare SSD's core layouts and ablations
+SAMPLER_ROWS = "samplers"  # coupled vs rejection sampling for sd and ssd (--temperature > 0)
 
 
 def _ssd(label: str, note: str, **kw) -> MethodSpec:
@@ -132,6 +136,18 @@ METHODS: tuple[MethodSpec, ...] = (
     _ssd("ssd-b8", "speculation budget B=8", speculation_budget=8),
     _ssd("ssd-c0.5", "Saguaro C=0.5", saguaro_c=0.5),
     _ssd("ssd-c0.8", "Saguaro C=0.8", saguaro_c=0.8),
+    # the two samplers at temperature > 0 (``sampler`` goes to SamplingParams, not to LLM)
+    *(
+        MethodSpec(
+            f"{method}-{sampler}",
+            "ours",
+            {"method": method, "draft_model": DRAFT, "sampler": sampler},
+            f"{method}, {sampler} sampling",
+            SAMPLER_ROWS,
+        )
+        for method in ("sd", "ssd")
+        for sampler in ("coupled", "rejection")
+    ),
 )
 
 
@@ -165,7 +181,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--methods",
         default=None,
-        help=f"comma list of {labels}; 'main' or 'ssd-study' name a group "
+        help=f"comma list of {labels}; 'main', 'ssd-study' or 'samplers' name a group "
         "(default: the available main rows)",
     )
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
@@ -230,7 +246,7 @@ def select_methods(text: str | None, model: str) -> list[MethodSpec]:
     else:
         chosen = []
         for item in (s.strip() for s in text.split(",")):
-            if item in ("main", STUDY):  # a whole group
+            if item in ("main", STUDY, SAMPLER_ROWS):  # a whole group
                 chosen += [label for label in available if group[label] == item]
             elif item:
                 chosen.append(item)
@@ -286,6 +302,7 @@ class OursEngine:
         from specdec import LLM
 
         kwargs = _fill_draft(spec.kwargs, args.draft_model)
+        self.sampler = kwargs.pop("sampler", "auto")
         if "cpu_cores" not in kwargs and kwargs["method"] != "ssd":
             kwargs["num_threads"] = args.threads  # pinned rows use one thread per core
         self.llm = LLM(model=args.model, dtype=args.dtype, max_model_len=max_len, **kwargs)
@@ -298,6 +315,7 @@ class OursEngine:
             max_tokens=n,
             ignore_eos=True,
             seed=seed if temperature else None,
+            sampler=self.sampler,
         )
         t0 = time.perf_counter()
         (out,) = self.llm.generate(ids, params)
@@ -741,6 +759,15 @@ def bench_pass(spec, args, prompt_ids, max_len, bar) -> tuple[float, list[RunRes
     return load_s, runs
 
 
+def same_text_as_ar(spec: MethodSpec, temperature: float) -> bool:
+    """Whether a row must give our AR's tokens: every row of ours when greedy; when sampling
+    (with the bench's seed), the rows of ours that use the coupled sampler (the default for a
+    seeded request)."""
+    if spec.kind != "ours" or temperature == 0:
+        return spec.kind == "ours" or temperature == 0
+    return spec.kwargs.get("sampler", "auto") != "rejection"
+
+
 def summarize_method(spec, args, prompts, prompt_ids, runs, load_s, ref) -> dict:
     """Medians over one method's repeats per prompt. Our greedy ``ar`` is its own reference:
     its repeats must agree."""
@@ -748,6 +775,8 @@ def summarize_method(spec, args, prompts, prompt_ids, runs, load_s, ref) -> dict
     per_prompt = []
     for p, ids, prompt_runs in zip(prompts, prompt_ids, runs):
         want = prompt_runs[0].token_ids if self_ref else ref.get(p["id"])
+        if not same_text_as_ar(spec, args.temperature):
+            want = None
         per_prompt.append(summarize_prompt(p, len(ids), prompt_runs, want))
     return {
         "kind": spec.kind,
@@ -807,7 +836,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 for per_prompt, run in zip(runs[spec.label], got):
                     per_prompt.append(run)
     ref: dict[str, list[int]] = {}
-    if "ar" in runs and args.temperature == 0:
+    if "ar" in runs:  # greedy, or sampled with the seed (coupled rows give the same text)
         ref = {p["id"]: rs[0].token_ids for p, rs in zip(prompts, runs["ar"])}
     for spec in methods:
         got = runs[spec.label], loads[spec.label]
