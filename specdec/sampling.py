@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.coupling import PositionNoise
+from specdec.tokenizer import lone_surrogate
 
 # how a sampled (temperature > 0) request draws its tokens under speculation; greedy requests
 # give the same text either way. "coupled": the same seed gives the same text with every method
@@ -65,6 +66,8 @@ class SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if any(lone_surrogate(s) is not None for s in stops):
+            bad(f"stop must be valid Unicode text (no lone UTF-16 surrogates), got {self.stop!r}")
         self.stop_strings = tuple(stops)
         ids = list(self.stop_token_ids or [])
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):

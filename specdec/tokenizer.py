@@ -8,6 +8,32 @@ from pathlib import Path
 from specdec.config import ModelConfig
 
 
+class InvalidText(ValueError):
+    """Text that is not valid Unicode: no tokenizer can encode it."""
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Where ``text`` holds a lone UTF-16 surrogate (JSON's "\\ud800" decodes to one), or None.
+    Such a string is not Unicode text: it cannot be encoded, tokenized or answered."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise ``InvalidText`` naming ``what`` if ``text`` holds a lone surrogate."""
+    at = lone_surrogate(text)
+    if at is not None:
+        raise InvalidText(
+            f"{what} is not valid Unicode text: it holds a lone UTF-16 surrogate "
+            f"(U+{ord(text[at]):04X}) at character {at}"
+        )
+
+
 class Tokenizer:
     def __init__(self, folder: str | Path):
         from transformers import AutoTokenizer
@@ -43,6 +69,10 @@ class Tokenizer:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if not getattr(self.hf, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template")
+        for i, message in enumerate(messages):
+            for key, value in message.items():
+                if isinstance(value, str):
+                    check_text(value, f"messages[{i}].{key}")
         out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]

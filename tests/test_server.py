@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 import time
 
@@ -508,6 +509,7 @@ def test_bad_input_gets_4xx_and_server_keeps_serving(server, route, body, status
     assert err["type"] == "invalid_request_error" and err["message"]
     if param is not None:
         assert err["param"] == param or (err["param"] or "").startswith(param), err
+    assert isinstance(err["code"], str) and err["code"], err  # every error names its kind
     if code is not None:
         assert err["code"] == code
     assert metric(server, "specdec_requests_total", '{status="invalid"}') == invalid0 + 1
@@ -595,8 +597,10 @@ def test_full_queue_answers_429(slow_server):
         assert engine.num_in_flight == 1
         r = httpx.post(url, json={"model": MODEL, "prompt": "w5", "max_tokens": 2}, timeout=TIMEOUT)
         assert r.status_code == 429
+        assert r.headers["retry-after"] == "1"  # seconds (RFC 9110)
         err = r.json()["error"]
         assert err["type"] == "rate_limit_error" and "queue" in err["message"]
+        assert err["code"] == "queue_full"
         with pytest.raises(openai.RateLimitError):
             client(slow_server).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "w3"}], max_tokens=2
@@ -612,10 +616,12 @@ def test_api_key_is_enforced(key_server):
     for path in ("/v1/models", "/metrics"):
         r = httpx.get(url + path, timeout=TIMEOUT)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert r.headers["www-authenticate"] == "Bearer"  # RFC 6750: no key sent
         r = httpx.get(url + path, headers={"Authorization": "Bearer wrong"}, timeout=TIMEOUT)
         assert r.status_code == 401
+        assert r.headers["www-authenticate"] == 'Bearer error="invalid_token"'
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "w3"}, timeout=TIMEOUT)
-    assert r.status_code == 401
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     with pytest.raises(openai.AuthenticationError):
         client(key_server, "wrong").completions.create(model=MODEL, prompt="w3", max_tokens=2)
@@ -704,6 +710,14 @@ def test_serve_args(monkeypatch):
     assert (args.host, args.port, args.api_key) == ("127.0.0.1", 8000, "from-env")
     assert (args.max_num_seqs, args.max_waiting, args.max_model_len) == (16, 64, None)
     assert args.method == "ar" and args.dtype == "auto"
+    assert (args.header_timeout, args.body_timeout) == (30.0, 60.0)
+
+
+POST_HEAD = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + KEY.encode()
+    + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+)
 
 
 def test_specdec_serve_command(tiny_dirs, monkeypatch):
@@ -716,9 +730,16 @@ def test_specdec_serve_command(tiny_dirs, monkeypatch):
     folder = str(tiny_dirs["llama"])
     seen = {}
 
-    def run(app, host, port, **kw):
+    def run(app, host, port, http, **kw):
         seen.update(host=host, port=port)
-        with ServerThread(app) as srv:
+        with ServerThread(app, http=http) as srv:  # the protocol serve chose: its deadline
+            # headers, then a body, that never finish: each gets its 408 after --*-timeout
+            for partial in (b"GET /health HTTP/1.1\r\nHost: x", POST_HEAD + b"{"):
+                with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+                    sock.sendall(partial)
+                    t0 = time.monotonic()
+                    assert sock.recv(12) == b"HTTP/1.1 408"
+                    seen.setdefault("timeouts", []).append(time.monotonic() - t0)
             assert httpx.get(f"{srv.url}/health", timeout=TIMEOUT).status_code == 200
             assert httpx.get(f"{srv.url}/v1/models", timeout=TIMEOUT).status_code == 401
             c = client(srv, KEY)
@@ -735,8 +756,10 @@ def test_specdec_serve_command(tiny_dirs, monkeypatch):
     monkeypatch.setattr(uvicorn, "run", run)
     monkeypatch.setenv("SPECDEC_API_KEY", KEY)
     argv = ["serve", "--model", folder, "--dtype", "float32", "--port", "8123"]
+    argv += ["--header-timeout", "0.5", "--body-timeout", "0.5"]
     assert main(argv + ["--max-num-seqs", "2", "--max-model-len", "128"]) == 0
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
+    assert all(0.4 < t < 4 for t in seen["timeouts"]), seen["timeouts"]
     assert seen["models"] == [folder]
     assert seen["finish"] in ("stop", "length")
     assert seen["max_model_len"] == 128

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from specdec.cli import generate, models
-from specdec.cli.args import llm_from_args, parse_cores, sampling_from_args
+from specdec.cli.args import int_at_least, llm_from_args, parse_cores, sampling_from_args
 from specdec.cli.generate import format_stats
 
 __all__ = [
@@ -33,8 +33,8 @@ def _bench(args) -> int:
 
 def _add_demo_parser(sub) -> None:
     d = sub.add_parser("demo", help="pull the default models and show the speedup")
-    d.add_argument("--max-tokens", type=int, default=128)
-    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--max-tokens", type=int_at_least(1), default=128)
+    d.add_argument("--threads", type=int_at_least(1), default=None)
     d.set_defaults(func=_demo)
 
 

@@ -4,6 +4,7 @@ and the ``LLM`` and ``SamplingParams`` they describe."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import MISSING, fields
 
 from specdec.config import DraftConfig, EngineConfig, SSDConfig, engine_options, keyword_of
@@ -36,18 +37,55 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parser_of(f):
-    """How a flag's text becomes the option's value (from the field's annotation)."""
+    """How a flag's text becomes the option's value (from the field's annotation). Every
+    integer option counts something (threads, tokens, requests): it must be >= 1."""
     kind = str(f.type).removesuffix(" | None")
-    parsers = {"int": int, "float": float, "list[int]": parse_cores}
+    parsers = {"int": int_at_least(1), "float": finite_float, "list[int]": parse_cores}
     return parsers.get(kind)  # None: the text itself (str, and "int | str" options)
+
+
+def int_at_least(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high], refused at parsing with the flag's name."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            span = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (the option's own check says which range)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a duration in seconds, > 0."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int_at_least(0), default=0, help="0 = off (default)")
+    g.add_argument("--top-p", type=finite_float, default=1.0)
+    g.add_argument("--max-tokens", type=int_at_least(1), default=128)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument(
         "--sampler",

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server's app: ``create_app(llm, ...)`` wires an ``LLM`` (its engine
 runs in a background thread, see ``async_engine``) to the routes (``routes``), the API's errors
-(``errors``) and the API-key and body-size guard (``guard``). ``specdec serve`` runs it
-(``specdec.cli.serve``).
+(``errors``) and the guard of the API key and the body's size and deadline (``guard``).
+``specdec serve`` runs it (``specdec.cli.serve``) on uvicorn with the header deadline
+(``connection``).
 
 Defaults (OpenAI's where OpenAI has one): temperature 1.0, top_p 1.0, n 1; ``max_tokens`` 16
 for ``/v1/completions`` and the rest of the context (``max_model_len`` minus the prompt) for
@@ -20,7 +21,7 @@ from fastapi import FastAPI
 
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.errors import add_exception_handlers
-from specdec.server.guard import DEFAULT_MAX_BODY_BYTES, GuardMiddleware
+from specdec.server.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, GuardMiddleware
 from specdec.server.metrics import ServerMetrics
 from specdec.server.routes import router
 
@@ -55,6 +56,7 @@ def create_app(
     max_model_len: int | None = None,
     max_waiting: int = 64,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving ``llm`` under ``model_name``. The engine thread starts (and caches are
     reserved) when the app starts up, and stops when it shuts down."""
@@ -80,7 +82,11 @@ def create_app(
     app.state.model_name = model_name or str(llm.model_path.name)
     app.state.created = int(time.time())
     app.add_middleware(
-        GuardMiddleware, api_key=api_key, max_body_bytes=max_body_bytes, on_reject=metrics.count
+        GuardMiddleware,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        on_reject=metrics.count,
+        body_timeout_s=body_timeout_s,
     )
     add_exception_handlers(app)
     app.include_router(router)

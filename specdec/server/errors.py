@@ -1,7 +1,9 @@
 """The API's failures: OpenAI's error body for each, and the app's exception handlers.
 
 Every failed generation request is counted once in ``specdec_requests_total``: 429 as
-``rejected``, 5xx as ``error``, any other 4xx as ``invalid``.
+``rejected``, 5xx as ``error``, any other 4xx as ``invalid``. Every error body has a ``code``.
+An unexpected exception is logged once and answered with a 500 on a connection that stays
+usable (``CatchAll``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -37,14 +40,20 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def error_response(status: int, message: str, **kw) -> JSONResponse:
-    return JSONResponse(error_body(message, **kw), status_code=status)
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None, **kw
+) -> JSONResponse:
+    """OpenAI's error body. The message may quote the request's text, which need not be valid
+    Unicode (a lone surrogate): such characters are sent escaped, as ``\\ud800``."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse(error_body(message, **kw), status_code=status, headers=headers)
 
 
 def count_error(request: Request, status: int) -> None:
@@ -82,7 +91,14 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
 # -- handlers ----------------------------------------------------------------------------------
 async def _api_error(request: Request, exc: APIError) -> Response:
     count_error(request, exc.status)
-    return error_response(exc.status, exc.message, type=exc.type, param=exc.param, code=exc.code)
+    return error_response(
+        exc.status,
+        exc.message,
+        headers=exc.headers,
+        type=exc.type,
+        param=exc.param,
+        code=exc.code,
+    )
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -99,19 +115,49 @@ async def _client_gone(request: Request, exc: ClientGone) -> Response:
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error_response(exc.status_code, str(exc.detail), code=code)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    return error_response(exc.status_code, str(exc.detail), headers=exc.headers, code=code)
 
 
-async def _unhandled(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error in %s", request.url.path)
+def _unhandled(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error in %s", request.url.path, exc_info=exc)
     count_error(request, 500)
-    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+    msg = f"internal error: {type(exc).__name__}: {exc}"
+    return error_response(500, msg, type="server_error", code="internal_error")
+
+
+class CatchAll:
+    """Pure ASGI, around the app: an unexpected exception is logged once and answered with a
+    500, and the connection stays usable. (Starlette's handler for ``Exception`` answers too,
+    but re-raises, so that the server logs the traceback a second time and drops the client's
+    keep-alive connection.) Once an answer has started only closing the connection can end it:
+    then the exception goes on to the server."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:  # noqa: BLE001 - the last resort for what nobody handled
+            if started:
+                raise
+            await _unhandled(Request(scope), exc)(scope, receive, send)
 
 
 def add_exception_handlers(app: FastAPI) -> None:
+    """The API's handlers, and ``CatchAll`` around everything (add it after the middleware)."""
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unhandled)
+    app.add_middleware(CatchAll)

@@ -23,6 +23,7 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import Usage, error_body
 
 DISCONNECT_POLL_S = 0.5
+RETRY_AFTER_S = 1  # a full queue drains as requests finish: a short wait is worth a retry
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -55,7 +56,13 @@ class Generation:
         try:
             handle = state.engine.submit(seqs)
         except QueueFull as exc:
-            raise APIError(429, str(exc), type="rate_limit_error", code="queue_full") from exc
+            raise APIError(
+                429,
+                str(exc),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from exc
         except EngineDead as exc:
             raise APIError(503, str(exc), type="server_error", code="engine_dead") from exc
         return cls(request, handle, state.engine, state.metrics, prompt_tokens)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
 from specdec.server.errors import APIError
+from specdec.tokenizer import InvalidText
 
 MAX_N = 128
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -44,15 +45,29 @@ def num_choices(req, served: str) -> int:
         )
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
-        raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", param="n")
+        raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", param="n", code="invalid_value")
     return n
 
 
-def check_capacity(n: int, capacity: int) -> None:
-    if n > capacity:
-        raise APIError(
-            400, f"{n} choices exceed the server's capacity of {capacity} requests", param="n"
-        )
+def check_capacity(prompts: int, n: int, running: int, waiting: int) -> None:
+    """Refuse a request that could never be admitted: its ``prompts`` x ``n`` sequences enter
+    the engine all at once, so together they must fit its ``running`` + ``waiting`` places.
+    Too many prompts are the prompt's fault; too many choices per prompt, ``n``'s."""
+    capacity = running + waiting
+    if prompts * n <= capacity:
+        return
+    limit = (
+        f"the server's capacity of {capacity} sequences ({running} decoded together + "
+        f"{waiting} waiting), which a request's sequences must fit all at once"
+    )
+    if prompts > capacity:
+        msg = f"{prompts} prompts exceed {limit}: send at most {capacity} prompts per request"
+        raise APIError(400, msg, param="prompt", code="invalid_value")
+    asked = (
+        f"{prompts} prompts x n={n} = {prompts * n} choices" if prompts > 1 else f"n={n} choices"
+    )
+    msg = f"{asked} exceed {limit}: ask for at most n={capacity // prompts}"
+    raise APIError(400, msg, param="n", code="invalid_value")
 
 
 def completion_prompts(prompt) -> list:
@@ -66,8 +81,11 @@ def chat_prompt_ids(llm, messages: list[dict]) -> list[int]:
     """The messages under the model's chat template."""
     try:
         return llm.chat_prompt(messages)
+    except InvalidText as exc:
+        raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
     except Exception as exc:  # noqa: BLE001 - template errors are the input's fault
-        raise APIError(400, f"could not apply the chat template: {exc}", param="messages") from exc
+        msg = f"could not apply the chat template: {exc}"
+        raise APIError(400, msg, param="messages", code="invalid_value") from exc
 
 
 def rest_of_context(prompt_len: int, max_model_len: int) -> int:

@@ -189,7 +189,7 @@ async def completions(req: CompletionRequest, request: Request):
     n = num_choices(req, state.model_name)
     prompts = completion_prompts(req.prompt)
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
-    check_capacity(len(prompts) * n, state.engine.capacity)
+    check_capacity(len(prompts), n, state.engine.max_num_seqs, state.engine.max_waiting)
     rid = f"cmpl-{uuid.uuid4().hex}"
 
     def build() -> list[Sequence]:
@@ -212,7 +212,7 @@ async def completions(req: CompletionRequest, request: Request):
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     state = request.app.state
     n = num_choices(req, state.model_name)
-    check_capacity(n, state.engine.capacity)
+    check_capacity(1, n, state.engine.max_num_seqs, state.engine.max_waiting)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     messages = [m.as_template_input() for m in req.messages]
     limit = req.max_completion_tokens
