@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics
 from specdec.sequence import Sequence
 
@@ -16,6 +17,10 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens only
     finish_reason: str | None  # "stop" | "length" | "abort"
     metrics: RequestMetrics
+    # with SamplingParams.logprobs: one entry per generated token (specdec.logprobs)
+    logprobs: list[TokenLogprob] | None = None
+    # with SamplingParams.prompt_logprobs: one per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 def to_output(seq: Sequence, method: str) -> RequestOutput:
@@ -26,4 +31,6 @@ def to_output(seq: Sequence, method: str) -> RequestOutput:
         token_ids=list(seq.output_ids),
         finish_reason=seq.finish_reason,
         metrics=RequestMetrics.from_sequence(seq, method),
+        logprobs=None if seq.logprobs is None else list(seq.logprobs),
+        prompt_logprobs=seq.prompt_logprobs,
     )
