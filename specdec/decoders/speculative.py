@@ -129,7 +129,7 @@ class SpeculativeDecoder(Decoder):
         n_acc = verdict.num_accepted.tolist()
         nxt = verdict.next_token.tolist()
         emitted = [d[:n] + [t] for d, n, t in zip(drafts.tolist(), n_acc, nxt)]
-        # the target's rows for the emitted positions: p, never the drafter's q
+        # logprobs from the logits p was made of: the target's rows, never the drafter's q
         lps = self.logprobs_of(logits, seqs, emitted)
         for s, prev, n, kb, row, row_lps in zip(
             seqs, prev_lengths, n_acc, k.tolist(), emitted, lps
