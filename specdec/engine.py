@@ -48,8 +48,13 @@ class Engine:
         """Admit, prefill, run one round. Returns the sequences that made progress (new
         tokens or finished), finished ones already removed from the batch."""
         self._apply_aborts()
-        admitted = self._admit()
-        touched: list[Sequence] = []
+        admitted, scored_only = self._admit()
+        touched: list[Sequence] = list(scored_only)
+        scoring = [s for s in admitted + scored_only if s.params.prompt_logprobs is not None]
+        if scoring:
+            self.decoder.score_prompts(scoring)
+        for s in scored_only:
+            s.finish_without_output()
         if admitted:
             self.decoder.prefill(admitted)
             self.running.extend(admitted)
@@ -62,20 +67,30 @@ class Engine:
         self._retire()
         return touched
 
-    def _admit(self) -> list[Sequence]:
+    def _admit(self) -> tuple[list[Sequence], list[Sequence]]:
+        """The waiting requests that join the batch now, and those that asked for no tokens
+        (max_tokens=0: their prompts are only scored; they never take a cache row)."""
         admitted: list[Sequence] = []
+        scored_only: list[Sequence] = []
         budget = self.max_prefill_tokens
         with self._lock:
-            while self.waiting and self.decoder.free_rows() > 0:
+            while self.waiting:
                 seq = self.waiting[0]
-                if admitted and len(seq.prompt_ids) > budget:
+                if (admitted or scored_only) and len(seq.prompt_ids) > budget:
                     break  # prefill it next step rather than in one huge padded batch
+                if seq.params.max_tokens == 0:
+                    self.waiting.popleft()
+                    scored_only.append(seq)
+                    budget -= len(seq.prompt_ids)
+                    continue
+                if self.decoder.free_rows() <= 0:
+                    break
                 self.waiting.popleft()
                 self.decoder.allocate(seq)
                 seq.status = Status.RUNNING
                 budget -= len(seq.prompt_ids)
                 admitted.append(seq)
-        return admitted
+        return admitted, scored_only
 
     def _apply_aborts(self) -> None:
         with self._lock:

@@ -25,7 +25,8 @@ from specdec.model import Transformer, resolve_dtype
 from specdec.outputs import RequestOutput, to_output
 from specdec.platform import pin_cpu_cores, split_cores
 from specdec.quantize import frequent_token_ids
-from specdec.sampling import SamplingParams
+from specdec.sampling import MAX_LOGPROBS, SamplingParams
+from specdec.scoring import RAW, ScoreOutput, score_ids, score_output
 from specdec.sequence import Sequence
 from specdec.tokenizer import Tokenizer, check_draft_compatible, check_text
 
@@ -138,31 +139,38 @@ class LLM:
         return None if self.draft is None else self.draft.path
 
     # -- requests ----------------------------------------------------------------------------
-    def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:
+    def _prompt_ids(
+        self, prompt: str | list[int], index: int, what: str = "prompt", special: bool = True
+    ) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError(f"prompt {index} is empty")
-            check_text(prompt, f"prompt {index}")
-            ids = self.tokenizer.encode(prompt)
+                raise ValueError(f"{what} {index} is empty")
+            check_text(prompt, f"{what} {index}")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=special)
         elif isinstance(prompt, list | tuple) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
             ids = list(prompt)
         else:
-            raise ValueError(f"prompt {index} must be a string or a list of token ids")
+            raise ValueError(f"{what} {index} must be a string or a list of token ids")
         if not ids:
-            raise ValueError(f"prompt {index} is empty")
+            raise ValueError(f"{what} {index} is empty")
         bad = [t for t in ids if not 0 <= t < self.target.config.vocab_size]
         if bad:
-            raise ValueError(f"prompt {index} has token ids outside the vocabulary: {bad[:5]}")
+            raise ValueError(f"{what} {index} has token ids outside the vocabulary: {bad[:5]}")
         return ids
 
-    def _make_sequences(self, prompts, sampling_params) -> list[Sequence]:
+    @staticmethod
+    def _as_list(prompts) -> list:
+        """One prompt (a string or a token list) or a list of them, as a list."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list | tuple) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]
-        prompts = list(prompts)
+            return [prompts]
+        return list(prompts)
+
+    def _make_sequences(self, prompts, sampling_params) -> list[Sequence]:
+        prompts = self._as_list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
         if sampling_params is None:
@@ -260,6 +268,70 @@ class LLM:
         self.last_output = to_output(seq, self.method)
         wall = time.perf_counter() - t0
         self._last_metrics = aggregate([self.last_output.metrics], wall, self.method)
+
+    def score(
+        self,
+        prompts: str | list[str] | list[int] | list[list[int]],
+        continuations: str | list[str] | list[int] | list[list[int]] | None = None,
+        top_logprobs: int = 0,
+        sampling_params: SamplingParams | None = None,
+    ) -> list[ScoreOutput]:
+        """The target's logprob of every token given the tokens before it, batched.
+
+        Without ``continuations``: every token of each prompt (the first has none). With
+        them: every token of continuation i given prompt i and the continuation before it; a
+        string continuation after a string prompt is tokenized as part of the whole text
+        (the tokens of prompt + continuation past the prompt's), as evaluation harnesses do.
+        ``top_logprobs``: also the N most likely tokens at each position. Logprobs are of the
+        raw model distribution, log_softmax(logits) in fp32, or with ``sampling_params`` of
+        the distribution such a request samples from (``specdec.logprobs``). Runs the target
+        in passes of its own: do not call it while another thread drives this LLM's engine."""
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
+            raise ValueError(f"top_logprobs must be an integer, got {top_logprobs!r}")
+        if not 0 <= top_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top_logprobs}")
+        params = RAW if sampling_params is None else sampling_params
+        prompts = self._as_list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+        conts = None if continuations is None else self._as_list(continuations)
+        if conts is not None and len(conts) != len(prompts):
+            raise ValueError(f"{len(conts)} continuations for {len(prompts)} prompts")
+        texts, starts = [], []
+        for i, prompt in enumerate(prompts):
+            ids = self._prompt_ids(prompt, i)
+            starts.append(1 if conts is None else len(ids))
+            if conts is not None:
+                ids = ids + self._continuation_ids(prompt, ids, conts[i], i)
+            if len(ids) > self.max_model_len:
+                raise ValueError(
+                    f"text {i} has {len(ids)} tokens, more than the model's context of "
+                    f"{self.max_model_len}"
+                )
+            texts.append(ids)
+        n = max(1, top_logprobs)  # one alternative always: it says whether a token was greedy
+        entries = score_ids(
+            self.target, texts, starts, [params] * len(texts), [n] * len(texts), self.vocab_size
+        )
+        return [
+            score_output(self.tokenizer, t[:s], t[s:], e, False, top_logprobs)
+            if conts
+            else score_output(self.tokenizer, t, t, e, True, top_logprobs)
+            for t, s, e in zip(texts, starts, entries)
+        ]
+
+    def _continuation_ids(self, prompt, prompt_ids: list[int], cont, i: int) -> list[int]:
+        if isinstance(prompt, str) and isinstance(cont, str) and cont:
+            whole = self.tokenizer.encode(prompt + cont)
+            n = len(prompt_ids)
+            if len(whole) > n and whole[:n] == prompt_ids:
+                return whole[n:]
+        return self._prompt_ids(cont, i, "continuation", special=False)
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's: model rows beyond it are padding, never scored or sampled."""
+        return self.tokenizer.vocab_size
 
     def chat_prompt(self, message: str | list[dict]) -> list[int]:
         """Token ids of a chat conversation under the model's chat template."""

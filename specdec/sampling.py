@@ -24,6 +24,7 @@ from specdec.tokenizer import lone_surrogate
 # (coupling.py); "rejection": speculative sampling (verify.py), the best acceptance; "auto":
 # coupled when the request has a seed, rejection when it does not.
 SAMPLERS = ("auto", "coupled", "rejection")
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (logprobs.py)
 
 
 @dataclass
@@ -37,6 +38,11 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     sampler: str = "auto"
+    # None: off; N >= 0: each generated token's logprob (logprobs.py) with the N most likely
+    # alternatives at its position
+    logprobs: int | None = None
+    # the same for the prompt's tokens (the first has none); max_tokens=0 then only scores
+    prompt_logprobs: int | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self):
@@ -54,15 +60,21 @@ class SamplingParams:
         if not (0 < self.top_p <= 1):
             bad(f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            bad(f"max_tokens must be >= 1, got {self.max_tokens}")
+            bad(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        if self.max_tokens < 0:
+            bad(f"max_tokens must be >= 0 (0: only score the prompt), got {self.max_tokens}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             bad(f"seed must be an integer, got {self.seed!r}")
         if self.sampler not in SAMPLERS:
             bad(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and (
+                isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS
+            ):
+                bad(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {n!r}")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in stops):
             bad(f"stop must be a non-empty string or a list of them, got {self.stop!r}")

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import DrafterStats
 from specdec.sampling import SamplingParams, SequenceRNG
 from specdec.tokenizer import Detokenizer, Tokenizer
@@ -65,6 +66,11 @@ class Sequence:
         self.params = params
         self.rng = SequenceRNG(params.seed)
         self.output_ids: list[int] = []
+        # one entry per output token when the request asks for logprobs (logprobs.py)
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self.logprobs_emitted = 0  # how many of them have been handed to a stream
+        # the prompt's, set when it is admitted (None for the first token, which has none)
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.text = ""  # full output text (stop strings cut off)
         self.emitted = 0  # how much of ``text`` has been handed to a stream
         self.finish_reason: str | None = None
@@ -94,8 +100,9 @@ class Sequence:
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output_ids)
 
-    def append(self, token: int) -> bool:
-        """Add one generated token; returns True once the sequence has finished."""
+    def append(self, token: int, logprob: TokenLogprob | None = None) -> bool:
+        """Add one generated token (with its logprob entry when the request asks for them);
+        returns True once the sequence has finished."""
         if self.finished:
             return True
         if self.stats.first_token is None:
@@ -103,6 +110,8 @@ class Sequence:
         if token in self._eos or token in self._stop_ids:
             return self._finish("stop")  # the stopping token is not part of the output
         self.output_ids.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(logprob)
         before = len(self.text)
         self.text += self._detok.add(token)
         if self._stops and len(self.text) > before and self._cut_stop_string(before):
@@ -132,6 +141,10 @@ class Sequence:
         if not self.finished:
             self._finish(reason)
 
+    def finish_without_output(self) -> None:
+        """End a request that asked for no tokens (max_tokens=0: it only scores its prompt)."""
+        self._finish("length")
+
     # -- streaming ---------------------------------------------------------------------------
     def take_new_text(self) -> str:
         """Text not yet streamed, holding back a tail that could still become a stop string."""
@@ -141,6 +154,14 @@ class Sequence:
         piece = self.text[self.emitted : end] if end > self.emitted else ""
         self.emitted = max(self.emitted, end)
         return piece
+
+    def take_new_logprobs(self) -> list[TokenLogprob]:
+        """Logprob entries of the tokens generated since the last call (none when off)."""
+        if self.logprobs is None:
+            return []
+        new = self.logprobs[self.logprobs_emitted :]
+        self.logprobs_emitted = len(self.logprobs)
+        return new
 
     def _stop_prefix_overlap(self) -> int:
         """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""

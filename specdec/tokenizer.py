@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from functools import cached_property
 from pathlib import Path
 
 from specdec.config import ModelConfig
@@ -59,11 +61,35 @@ class Tokenizer:
                 ids.update([eos] if isinstance(eos, int) else (eos or []))
         return sorted(ids)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (part of a character shows as U+FFFD)."""
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: exact for byte-level BPE and byte-fallback tokens
+        (a token may hold part of a UTF-8 character), else its text in UTF-8."""
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            if self._byte_level and all(c in _BYTE_OF for c in piece):
+                return bytes(_BYTE_OF[c] for c in piece)
+            m = _BYTE_TOKEN.fullmatch(piece)
+            if m:
+                return bytes([int(m.group(1), 16)])
+        return self.token_text(token_id).encode()
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        """Whether the tokenizer's decoder maps GPT-2's byte alphabet back to bytes."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return False
+        return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
 
     def apply_chat_template(self, prompt: str | list[dict]) -> list[int]:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
@@ -77,6 +103,23 @@ class Tokenizer:
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return list(out)
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback tokens
 
 
 class Detokenizer:

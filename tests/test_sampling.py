@@ -103,11 +103,15 @@ def test_seeded_rng_reproducible_and_seeds_independent():
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-3]}, "stop_token_ids"),
         ({"seed": "abc"}, "seed"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+        ({"prompt_logprobs": 2.0}, "prompt_logprobs"),
     ],
 )
 def test_invalid_sampling_values_are_refused(kw, msg):

@@ -20,7 +20,7 @@ class AutoregressiveDecoder(Decoder):
         t = time.perf_counter()
         logits = self.target.forward(pending, self.cache, self.rows_of(seqs))[:, 0]
         timer.phase("verify", time.perf_counter() - t)
-        for s, tok in zip(seqs, self.sample_tokens(logits, seqs)):
+        for s in seqs:
             s.stats.target_forwards += 1
-            s.append(tok)
+        self.append_sampled(logits, seqs)
         timer.done()

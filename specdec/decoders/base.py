@@ -12,8 +12,10 @@ import torch
 
 from specdec.coupling import coupled_choice
 from specdec.kv_cache import KVCache
+from specdec.logprobs import TokenLogprob, emitted_logprobs
 from specdec.model import Transformer
 from specdec.sampling import probabilities, sample
+from specdec.scoring import score_ids
 from specdec.sequence import Sequence
 
 
@@ -64,6 +66,20 @@ class Decoder:
     def rows_of(self, seqs: list[Sequence]) -> torch.Tensor:
         return torch.tensor([s.row for s in seqs], dtype=torch.int64)
 
+    def score_prompts(self, seqs: list[Sequence]) -> None:
+        """Set ``prompt_logprobs`` of each sequence: a scoring pass of its own over the prompt
+        (``scoring``), under the request's distribution, before or instead of its prefill."""
+        entries = score_ids(
+            self.target,
+            [s.prompt_ids for s in seqs],
+            [1] * len(seqs),
+            [s.params for s in seqs],
+            [s.params.prompt_logprobs for s in seqs],
+            self.vocab_size,
+        )
+        for s, e in zip(seqs, entries):
+            s.prompt_logprobs = [None, *e]
+
     def prefill(self, seqs: list[Sequence]) -> None:
         """Run the prompts through the target and sample each sequence's first token."""
         tokens, lengths = pad_right([s.prompt_ids for s in seqs])
@@ -77,11 +93,27 @@ class Decoder:
         for s in seqs:  # the cache now holds the prompt; the sampled token becomes pending
             s.stats.target_forwards += 1
         self.after_prefill(seqs)
-        for s, tok in zip(seqs, self.sample_tokens(logits, seqs)):
-            s.append(tok)
+        self.append_sampled(logits, seqs)
 
     def after_prefill(self, seqs: list[Sequence]) -> None:
         """Hook for drafters that keep state per sequence."""
+
+    def append_sampled(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Sample one token per row of ``logits`` [B,V] and append it to its sequence, with its
+        logprob entry where the request asks for one."""
+        tokens = self.sample_tokens(logits, seqs)
+        lps = self.logprobs_of(logits[:, None], seqs, [[t] for t in tokens])
+        for s, tok, lp in zip(seqs, tokens, lps):
+            s.append(tok, lp[0])
+
+    def logprobs_of(
+        self, logits: torch.Tensor, seqs: list[Sequence], emitted: list[list[int]]
+    ) -> list[list[TokenLogprob | None]]:
+        """The one place generated tokens get their logprobs: row b of logits [B,P,V] emitted
+        ``emitted[b][j]`` from position j. ``logits`` must be what ``probabilities`` was given
+        for the same rows (after any logits processor), so that the entries describe the
+        distribution the tokens were drawn from (``specdec.logprobs``)."""
+        return emitted_logprobs(logits, [s.params for s in seqs], self.vocab_size, emitted)
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of ``logits`` [B,V] under each sequence's own parameters."""

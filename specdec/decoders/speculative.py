@@ -128,13 +128,16 @@ class SpeculativeDecoder(Decoder):
         prev_lengths = [s.num_tokens for s in seqs]
         n_acc = verdict.num_accepted.tolist()
         nxt = verdict.next_token.tolist()
-        for s, prev, n, kb, row_drafts, t_next in zip(
-            seqs, prev_lengths, n_acc, k.tolist(), drafts.tolist(), nxt
+        emitted = [d[:n] + [t] for d, n, t in zip(drafts.tolist(), n_acc, nxt)]
+        # logprobs from the logits p was made of: the target's rows, never the drafter's q
+        lps = self.logprobs_of(logits, seqs, emitted)
+        for s, prev, n, kb, row, row_lps in zip(
+            seqs, prev_lengths, n_acc, k.tolist(), emitted, lps
         ):
             self.cache.rollback(s.row, prev + n)  # pending + accepted drafts stay cached
             self._record(s, kb, n)
-            for tok in row_drafts[:n] + [t_next]:
-                if s.append(tok):
+            for tok, lp in zip(row, row_lps):
+                if s.append(tok, lp):
                     break
             s.rng.noise.forget_before(s.num_tokens)
         # a parallel drafter may make the target wait here for next round's drafts (SSD's

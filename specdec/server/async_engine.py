@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics
 from specdec.sequence import Sequence
 
@@ -40,6 +41,7 @@ class Event:
 
     index: int  # choice index within the HTTP request
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens since the last
     finish_reason: str | None = None  # set on the sequence's last event
     metrics: RequestMetrics | None = None  # on the last event
     error: str | None = None  # the engine failed: the request ends with a 500
@@ -209,6 +211,7 @@ class AsyncEngine:
                 continue
             handle, index = owner
             text = seq.take_new_text()
+            lps = seq.take_new_logprobs()
             if seq.finished:
                 with self._lock:
                     if self._owners.pop(seq.request_id, None) is None:
@@ -219,9 +222,9 @@ class AsyncEngine:
                         self.on_finished(m)
                     except Exception:  # noqa: BLE001 - metrics must not kill the engine
                         log.exception("recording metrics failed")
-                ev = Event(index, text, seq.finish_reason, m)
-            elif text:
-                ev = Event(index, text)
+                ev = Event(index, text, lps, seq.finish_reason, m)
+            elif text or lps:
+                ev = Event(index, text, lps)
             else:
                 continue
             batches.setdefault(handle.loop, []).append((handle, ev))

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from specdec.sampling import SamplingParams
+from specdec.sampling import MAX_LOGPROBS, SamplingParams
 from specdec.sequence import Sequence
 from specdec.server.errors import APIError
 from specdec.tokenizer import InvalidText
 
 MAX_N = 128
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy ``logprobs``
 _SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -100,7 +101,58 @@ def rest_of_context(prompt_len: int, max_model_len: int) -> int:
     return max_model_len - prompt_len
 
 
-def sampling_params(req, max_tokens: int, seed: int | None) -> SamplingParams:
+def completion_logprobs(req, max_tokens: int) -> tuple[int | None, int | None]:
+    """A completion request's (logprobs, prompt_logprobs): ``logprobs`` alternatives for the
+    generated tokens, and with ``echo`` for the prompt's too. ``max_tokens`` 0 is scoring,
+    which only makes sense with ``echo``."""
+    n = req.logprobs
+    if n is not None and not 0 <= n <= MAX_COMPLETION_LOGPROBS:
+        raise APIError(
+            400,
+            f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {n}",
+            param="logprobs",
+            code="invalid_value",
+        )
+    if max_tokens == 0 and not req.echo:
+        raise APIError(
+            400,
+            "max_tokens must be >= 1 (0 only with echo, which returns the prompt's logprobs)",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    return n, (n if req.echo else None)
+
+
+def chat_logprobs(req, max_tokens: int | None) -> int | None:
+    """A chat request's ``logprobs`` setting: None when off, else its ``top_logprobs``."""
+    if max_tokens is not None and max_tokens < 1:
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        raise APIError(400, f"{param} must be >= 1, got {max_tokens}", param=param)
+    top = req.top_logprobs
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise APIError(
+            400,
+            f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    if top and not req.logprobs:
+        raise APIError(
+            400,
+            "top_logprobs needs logprobs set to true",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    return (top or 0) if req.logprobs else None
+
+
+def sampling_params(
+    req,
+    max_tokens: int,
+    seed: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
     """The request's sampling parameters, with OpenAI's defaults for the unset ones."""
     top_k = 0 if req.top_k in (None, -1) else req.top_k
     try:
@@ -114,6 +166,8 @@ def sampling_params(req, max_tokens: int, seed: int | None) -> SamplingParams:
             stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=bool(req.ignore_eos),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValueError as exc:
         msg = str(exc)

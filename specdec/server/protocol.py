@@ -2,7 +2,7 @@
 
 Requests are validated strictly (no "0.5" for a number, no true for an integer), as OpenAI
 does; unknown fields are accepted and ignored so clients that send extras keep working.
-Fields specdec cannot honour (logprobs, echo, penalties, ...) are refused with 400 when set
+Fields specdec cannot honour (penalties, best_of, ...) are refused with 400 when set
 to anything but their neutral value.
 """
 
@@ -62,8 +62,6 @@ class _SamplingFields(_Strict):
     n: int | None = None
     user: str | None = None
     # accepted only at their neutral values
-    logprobs: Any = None
-    top_logprobs: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -71,10 +69,6 @@ class _SamplingFields(_Strict):
     def unsupported(self) -> list[str]:
         """Names of set fields specdec cannot honour."""
         bad = []
-        if self.logprobs not in (None, False, 0):
-            bad.append("logprobs")
-        if self.top_logprobs not in (None, 0):
-            bad.append("top_logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0):
                 bad.append(name)
@@ -85,15 +79,14 @@ class _SamplingFields(_Strict):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = None  # default 16 (OpenAI's)
-    echo: bool | None = None
+    max_tokens: int | None = None  # default 16 (OpenAI's); 0 only with echo (scoring)
+    logprobs: int | None = None  # 0..5: each token's logprob and this many alternatives
+    echo: bool | None = None  # the prompt before the completion (with its logprobs)
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        if self.echo:
-            bad.append("echo")
         if self.best_of not in (None, 1):
             bad.append("best_of")
         if self.suffix:
@@ -125,6 +118,8 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # default: the rest of the context
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # 0..20 alternatives per token (needs logprobs)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -144,10 +139,21 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape: per token its text, logprob (None for an echoed prompt's first
+    token), the most likely alternatives with the chosen token (text -> logprob), and the
+    offset of its text in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -166,10 +172,27 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the token's UTF-8 bytes (a token may hold part of a character)
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Chat's shape: one entry per generated token."""
+
+    content: list[ChatTokenLogprob] | None
+    refusal: list[ChatTokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -191,7 +214,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

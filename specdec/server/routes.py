@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,15 +24,18 @@ from specdec.server.async_engine import Event
 from specdec.server.generation import Generation, sse
 from specdec.server.inputs import (
     DEFAULT_COMPLETION_MAX_TOKENS,
+    chat_logprobs,
     chat_prompt_ids,
     check_capacity,
     check_model,
+    completion_logprobs,
     completion_prompts,
     make_sequence,
     num_choices,
     rest_of_context,
     sampling_params,
 )
+from specdec.server.logprobs import ChatReport, CompletionReport
 from specdec.server.metrics import CONTENT_TYPE, speculative_info
 from specdec.server.protocol import (
     AssistantMessage,
@@ -57,24 +61,31 @@ class Shape:
     """What differs between the completion and the chat answers."""
 
     response: Callable[..., BaseModel]  # the non-streamed body
-    choice: Callable[[int, str, str | None], BaseModel]  # its choice (index, text, reason)
+    # its choice (index, text, finish reason, logprobs or None)
+    choice: Callable[[int, str, str | None, Any], BaseModel]
     chunk: Callable[..., BaseModel]  # a streamed event's body
-    deltas: Callable[[Event], list[BaseModel]]  # one event's choices, one chunk each
+    deltas: Callable[[Event, Any], list[BaseModel]]  # one event's choices (with its logprobs)
     opening: Callable[[int], list[BaseModel]]  # choices sent before the first token (n)
 
 
-def _completion_deltas(ev: Event) -> list[BaseModel]:
-    """One chunk: the new text, with the finish reason on the choice's last."""
-    if not ev.text and ev.finish_reason is None:
+def _completion_deltas(ev: Event, logprobs) -> list[BaseModel]:
+    """One chunk: the new text and its tokens' logprobs, with the finish reason on the
+    choice's last."""
+    if not ev.text and not ev.logprobs and ev.finish_reason is None:
         return []
-    return [CompletionChoice(index=ev.index, text=ev.text, finish_reason=ev.finish_reason)]
+    choice = CompletionChoice(
+        index=ev.index, text=ev.text, logprobs=logprobs, finish_reason=ev.finish_reason
+    )
+    return [choice]
 
 
-def _chat_deltas(ev: Event) -> list[BaseModel]:
-    """The new text, then the finish reason in a chunk of its own (an empty delta)."""
+def _chat_deltas(ev: Event, logprobs) -> list[BaseModel]:
+    """The new text (and its tokens' logprobs), then the finish reason in a chunk of its own
+    (an empty delta)."""
     out: list[BaseModel] = []
-    if ev.text:
-        out.append(ChatChunkChoice(index=ev.index, delta=Delta(content=ev.text)))
+    if ev.text or ev.logprobs:
+        delta = Delta(content=ev.text)
+        out.append(ChatChunkChoice(index=ev.index, delta=delta, logprobs=logprobs))
     if ev.finish_reason is not None:
         out.append(ChatChunkChoice(index=ev.index, delta=Delta(), finish_reason=ev.finish_reason))
     return out
@@ -82,15 +93,17 @@ def _chat_deltas(ev: Event) -> list[BaseModel]:
 
 COMPLETION = Shape(
     response=Completion,
-    choice=lambda i, text, reason: CompletionChoice(index=i, text=text, finish_reason=reason),
+    choice=lambda i, text, reason, lp: CompletionChoice(
+        index=i, text=text, logprobs=lp, finish_reason=reason
+    ),
     chunk=Completion,
     deltas=_completion_deltas,
     opening=lambda n: [],
 )
 CHAT = Shape(
     response=ChatCompletion,
-    choice=lambda i, text, reason: ChatChoice(
-        index=i, message=AssistantMessage(content=text), finish_reason=reason
+    choice=lambda i, text, reason, lp: ChatChoice(
+        index=i, message=AssistantMessage(content=text), logprobs=lp, finish_reason=reason
     ),
     chunk=ChatCompletionChunk,
     deltas=_chat_deltas,
@@ -107,10 +120,12 @@ async def respond(
     seqs: list[Sequence],
     prompt_tokens: int,
     shape: Shape,
+    report: CompletionReport | ChatReport,
 ) -> BaseModel | StreamingResponse:
     """Submit ``seqs`` and answer: the whole body once every choice finished, or, when
     ``req.stream``, one event per piece of text, with the ``speculative`` object (and, with
-    ``stream_options.include_usage``, the usage) at the end, then ``[DONE]``."""
+    ``stream_options.include_usage``, the usage) at the end, then ``[DONE]``. ``report``
+    gives each choice's echoed prompt and logprobs in the route's shape."""
     gen = Generation.submit(request, seqs, prompt_tokens)
     state = request.app.state
     method = state.llm.method
@@ -121,7 +136,10 @@ async def respond(
 
     if not req.stream:
         texts, reasons, ms = await gen.collect()
-        choices = [shape.choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [
+            shape.choice(i, report.echo_text(i) + t, r, report.whole(i))
+            for i, (t, r) in enumerate(zip(texts, reasons))
+        ]
         info = speculative_info(ms, method)
         return body(shape.response, choices, usage=gen.usage(), speculative=info)
 
@@ -131,13 +149,19 @@ async def respond(
         for choice in shape.opening(len(seqs)):
             yield sse(body(shape.chunk, [choice]))
         ms: list[dict | None] = [None] * len(seqs)
+        started: set[int] = set()
         while not gen.done:
             ev = await gen.next_event()
+            if ev.index not in started:  # the echoed prompt goes first (its logprobs are in)
+                started.add(ev.index)
+                echo = Event(ev.index, report.echo_text(ev.index))
+                for choice in shape.deltas(echo, report.prompt(ev.index)):
+                    yield sse(body(shape.chunk, [choice]))
             if ev.finish_reason is not None:
                 ms[ev.index] = ev.metrics
             # the request's last finish carries its metrics, unless a usage chunk follows
             last = ev.finish_reason is not None and gen.done and not include_usage
-            deltas = shape.deltas(ev)
+            deltas = shape.deltas(ev, report.generated(ev.index, ev.logprobs))
             for k, choice in enumerate(deltas):
                 info = speculative_info(ms, method) if last and k == len(deltas) - 1 else None
                 yield sse(body(shape.chunk, [choice], speculative=info))
@@ -189,6 +213,7 @@ async def completions(req: CompletionRequest, request: Request):
     n = num_choices(req, state.model_name)
     prompts = completion_prompts(req.prompt)
     max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    logprobs, prompt_logprobs = completion_logprobs(req, max_tokens)
     check_capacity(len(prompts), n, state.engine.max_num_seqs, state.engine.max_waiting)
     rid = f"cmpl-{uuid.uuid4().hex}"
 
@@ -198,14 +223,20 @@ async def completions(req: CompletionRequest, request: Request):
             label = "prompt " if len(prompts) == 1 else f"prompt {i} "
             for j in range(n):
                 seed = None if req.seed is None else req.seed + j
-                params = sampling_params(req, max_tokens, seed)
+                params = sampling_params(req, max_tokens, seed, logprobs, prompt_logprobs)
                 rid_j = f"{rid}-{len(seqs)}"
                 seqs.append(make_sequence(state.llm, prompt, params, rid_j, label, "prompt"))
         return seqs
 
     seqs = await asyncio.to_thread(build)
     prompt_tokens = sum(len(seqs[i * n].prompt_ids) for i in range(len(prompts)))
-    return await respond(request, req, rid, seqs, prompt_tokens, COMPLETION)
+    echo = None
+    if req.echo:  # a prompt given as tokens is echoed as their text
+        given = [p for p in prompts for _ in range(n)]
+        decode = state.llm.tokenizer.decode
+        echo = [p if isinstance(p, str) else decode(s.prompt_ids) for p, s in zip(given, seqs)]
+    report = CompletionReport(state.llm.tokenizer, seqs, echo)
+    return await respond(request, req, rid, seqs, prompt_tokens, COMPLETION, report)
 
 
 @router.post("/v1/chat/completions")
@@ -218,6 +249,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     limit = req.max_completion_tokens
     if limit is None:
         limit = req.max_tokens
+    logprobs = chat_logprobs(req, limit)
 
     def build() -> list[Sequence]:
         ids = chat_prompt_ids(state.llm, messages)
@@ -227,9 +259,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         seqs = []
         for j in range(n):
             seed = None if req.seed is None else req.seed + j
-            params = sampling_params(req, max_tokens, seed)
+            params = sampling_params(req, max_tokens, seed, logprobs)
             seqs.append(make_sequence(state.llm, ids, params, f"{rid}-{j}", "prompt ", "messages"))
         return seqs
 
     seqs = await asyncio.to_thread(build)
-    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), CHAT)
+    report = ChatReport(state.llm.tokenizer, seqs)
+    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), CHAT, report)
