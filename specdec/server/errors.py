@@ -39,7 +39,8 @@ class APIError(Exception):
         self.message = message
         self.type = type
         self.param = param
-        self.code = code
+        # every answer names its kind: a 400 without a more specific code is a bad value
+        self.code = code or ("invalid_value" if status == 400 else None)
         self.headers = headers
 
 

@@ -127,7 +127,9 @@ def chat_logprobs(req, max_tokens: int | None) -> int | None:
     """A chat request's ``logprobs`` setting: None when off, else its ``top_logprobs``."""
     if max_tokens is not None and max_tokens < 1:
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        raise APIError(400, f"{param} must be >= 1, got {max_tokens}", param=param)
+        raise APIError(
+            400, f"{param} must be >= 1, got {max_tokens}", param=param, code="invalid_value"
+        )
     top = req.top_logprobs
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise APIError(
