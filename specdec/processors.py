@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -40,10 +41,11 @@ class LogitsProcessor(Protocol):
         ...
 
 
-# Optional, for drafters (one call per drafted position): a processor may also define
-#     process_last(logits [1, vocab], output, drafts) -> [1, vocab]
-# the row after ALL of ``drafts`` only. Without it, ``process_last`` below calls ``process``
-# with filler rows before the one that matters.
+# Optional, for drafters (one call per drafted position, maybe for many branches): a processor
+# may also define
+#     process_rows(logits [R, vocab], output, extras: list of token lists) -> [R, vocab]
+# row r at the position after output + extras[r]. Without it, ``process_rows`` below calls
+# ``process`` for each row, with filler rows before the one that matters.
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,17 @@ def build_processors(params, prompt_ids: Sequence[int], vocab: TokenVocabulary |
 
 class Penalties:
     """OpenAI's presence/frequency penalties and logit_bias, and the repetition penalty (HF,
-    vLLM), in one pass over the few tokens they touch, in this order (as vLLM applies them):
+    vLLM), in this order (as vLLM applies them):
 
         logit[v] += bias[v]
         seen(v) = v in prompt or output:   logit[v] = logit[v] / r if logit[v] > 0 else logit[v] * r
         logit[v] -= presence * (count[v] > 0) + frequency * count[v]
 
     count[v] counts v in the output before the position (the drafts before a row included).
-    Only columns of tokens that occur (or carry a bias) change: gathered, changed, scattered
-    back; nothing runs over the vocabulary but one copy of the logits."""
+    Only the columns of tokens that occur or carry a bias change: they are gathered, changed
+    for all rows at once (counts per row: the output's, plus the row's own drafts scattered
+    in), and put back. The output's counts are kept between calls and extended by the tokens
+    committed since (the committed output only grows)."""
 
     def __init__(
         self,
@@ -106,12 +110,21 @@ class Penalties:
         self.presence = float(presence)
         self.frequency = float(frequency)
         self.repetition = float(repetition)
+        # columns: every token the penalties may touch without a draft (bias ids, the
+        # prompt's when the repetition penalty reads it, the output's so far)
+        self._col: dict[int, int] = {}
+        self._ids: list[int] = []
+        self._count = np.zeros(0)  # in the output, per column
+        self._in_prompt = np.zeros(0, dtype=bool)
+        self._bias = np.zeros(0)
         bias = dict(logit_bias or {})
-        self.bias_ids = torch.tensor(sorted(bias), dtype=torch.int64)
-        self.bias = torch.tensor([bias[i] for i in sorted(bias)], dtype=torch.float64)
-        prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64)
-        # the prompt matters only to the repetition penalty
-        self.prompt_ids = prompt.unique() if self.repetition != 1.0 else prompt[:0]
+        prompt = set(prompt_ids) if self.repetition != 1.0 else set()
+        self._grow(sorted(set(bias) | prompt))
+        for token, b in bias.items():
+            self._bias[self._col[token]] = b
+        for token in prompt:
+            self._in_prompt[self._col[token]] = True
+        self._counted: list[int] = []  # the output counted so far
 
     @classmethod
     def from_params(cls, params, prompt_ids, vocab: TokenVocabulary | None) -> Penalties | None:
@@ -131,62 +144,84 @@ class Penalties:
             return None
         return cls(prompt_ids, presence, frequency, repetition, bias)
 
+    def _grow(self, tokens) -> None:
+        new = [t for t in dict.fromkeys(tokens) if t not in self._col]
+        if not new:
+            return
+        for t in new:
+            self._col[t] = len(self._ids)
+            self._ids.append(t)
+        n = len(new)
+        self._count = np.concatenate([self._count, np.zeros(n)])
+        self._in_prompt = np.concatenate([self._in_prompt, np.zeros(n, dtype=bool)])
+        self._bias = np.concatenate([self._bias, np.zeros(n)])
+
+    def _count_output(self, output: Sequence[int]) -> None:
+        """Count the tokens committed since the last call (recount if ``output`` is not an
+        extension of what was counted: another sequence's, or a test's)."""
+        n = len(self._counted)
+        if len(output) < n or (n and output[n - 1] != self._counted[-1]):
+            self._count[:] = 0
+            self._counted, n = [], 0
+        new = list(output[n:])
+        if new:
+            self._grow(new)
+            np.add.at(self._count, [self._col[t] for t in new], 1.0)
+            self._counted.extend(new)
+
     def process(
         self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
     ) -> torch.Tensor:
         if logits.shape[0] != len(drafts) + 1:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(drafts)} drafts")
-        return self._apply(logits, output, drafts)
+        return self.process_rows(logits, output, [drafts[:j] for j in range(len(drafts) + 1)])
 
     def process_last(
         self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
     ) -> torch.Tensor:
-        return self._apply(logits, list(output) + list(drafts), ())
+        return self.process_rows(logits, output, [drafts])
 
-    def _apply(self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]):
-        rows = logits.shape[0]
-        out_t = torch.as_tensor(list(output), dtype=torch.int64)
-        drafts_t = torch.as_tensor(list(drafts), dtype=torch.int64)
-        n_out, n_drafts = len(out_t), len(drafts_t)
-        ids, where = torch.cat([out_t, drafts_t, self.prompt_ids, self.bias_ids]).unique(
-            return_inverse=True
-        )
-        if len(ids) == 0:
+    def process_rows(
+        self, logits: torch.Tensor, output: Sequence[int], extras: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """Row r of logits [R, V] at the position after output + extras[r] (a drafter's
+        branches; ``process`` is the case extras[j] = drafts[:j])."""
+        self._count_output(output)
+        ids = list(self._ids)
+        col = self._col
+        extra_cols: dict[int, int] = {}
+        rows, cols = [], []
+        for r, extra in enumerate(extras):
+            for t in extra:
+                c = col.get(t)
+                if c is None:
+                    c = extra_cols.get(t)
+                    if c is None:
+                        c = extra_cols[t] = len(ids)
+                        ids.append(t)
+                rows.append(r)
+                cols.append(c)
+        if not ids:
             return logits
-        width = len(ids)
-        at_out = where[:n_out]
-        at_drafts = where[n_out : n_out + n_drafts]
-        at_prompt = where[n_out + n_drafts : n_out + n_drafts + len(self.prompt_ids)]
-        at_bias = where[n_out + n_drafts + len(self.prompt_ids) :]
-
-        # count[j, u]: occurrences of ids[u] in the output and drafts[:j]
-        x = logits[:, ids]
-        if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16):
-            x = x.float()
-        dtype = x.dtype
-        count = torch.bincount(at_out, minlength=width).to(dtype).expand(rows, -1)
-        if n_drafts:
-            step = torch.zeros(rows, width, dtype=dtype)
-            step[torch.arange(1, n_drafts + 1), at_drafts] = 1.0
-            count = count + step.cumsum(0)
-        if len(at_bias):
-            bias = torch.zeros(width, dtype=dtype)
-            bias[at_bias] = self.bias.to(dtype)
-            x = x + bias
+        width, n_static = len(ids), len(self._ids)
+        count = np.zeros((len(extras), width))
+        count[:, :n_static] = self._count
+        np.add.at(count, (rows, cols), 1.0)
+        index = torch.tensor(ids, dtype=torch.int64)
+        x = logits[:, index].double().numpy()
+        if self._bias.any():
+            x[:, :n_static] += self._bias
         if self.repetition != 1.0:
             seen = count > 0
-            if len(at_prompt):
-                in_prompt = torch.zeros(width, dtype=torch.bool)
-                in_prompt[at_prompt] = True
-                seen = seen | in_prompt
+            seen[:, :n_static] |= self._in_prompt
             r = self.repetition
-            x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+            x = np.where(seen, np.where(x > 0, x / r, x * r), x)
         if self.frequency:
-            x = x - self.frequency * count
+            x -= self.frequency * count
         if self.presence:
-            x = x - self.presence * (count > 0).to(dtype)
+            x -= self.presence * (count > 0)
         out = logits.clone()
-        out[:, ids] = x.to(out.dtype)
+        out[:, index] = torch.from_numpy(x).to(out.dtype)
         return out
 
 
@@ -204,15 +239,30 @@ def process_last(
     processors: Sequence, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
 ) -> torch.Tensor:
     """``processors`` on logits [1, V] at the position after output + ALL of drafts (a
-    drafter's next token). Processors without ``process_last`` get ``process`` on the row
-    repeated len(drafts) + 1 times (a row is processed as if alone: the others are filler)."""
+    drafter's next token)."""
+    return process_rows(processors, logits, output, [drafts])
+
+
+def process_rows(
+    processors: Sequence,
+    logits: torch.Tensor,
+    output: Sequence[int],
+    extras: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """``processors`` on logits [R, V], row r at the position after output + extras[r] (the
+    branches of a drafter's tree). A processor's own ``process_rows`` does all rows at once;
+    otherwise each row goes through ``process`` with the row repeated len(extras[r]) + 1
+    times (a row is processed as if alone: the others are filler)."""
     for p in processors:
-        last = getattr(p, "process_last", None)
-        if last is not None:
-            logits = last(logits, output, drafts)
-        else:
-            full = logits.expand(len(drafts) + 1, -1).contiguous()
-            logits = p.process(full, output, drafts)[-1:]
+        many = getattr(p, "process_rows", None)
+        if many is not None:
+            logits = many(logits, output, extras)
+            continue
+        rows = []
+        for r, extra in enumerate(extras):
+            full = logits[r : r + 1].expand(len(extra) + 1, -1).contiguous()
+            rows.append(p.process(full, output, extra)[-1:])
+        logits = torch.cat(rows)
     return logits
 
 

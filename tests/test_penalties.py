@@ -243,9 +243,14 @@ def test_coupled_sampling_gives_the_ar_text_for_a_seed(ar, methods, name):
 
 
 # -- exactness of sampled output --------------------------------------------------------------
+# top-k keeps the continuations few enough that the chi-square test sees many of them (with
+# the full 16-token vocabulary 4000 samples fill few cells beyond the first token's); the
+# negative presence penalty (more repeats) leaves prompt lookup drafts that get accepted
 SAMPLED = {
-    "penalties": dict(presence_penalty=0.8, frequency_penalty=0.6, repetition_penalty=1.5),
-    "bias": dict(logit_bias={3: 2.5, 5: -1.5, 12: 1.0}, top_k=8),
+    "penalties": dict(
+        presence_penalty=-1.0, frequency_penalty=0.5, repetition_penalty=1.3, top_k=4
+    ),
+    "bias": dict(logit_bias={3: 2.5, 5: -1.5, 12: 1.0}, top_k=4, temperature=0.8),
 }
 N_SAMPLES = 4000
 
@@ -262,7 +267,12 @@ def exact(tiny_dirs, llm, params):
 
 
 def sampled(setting: str, sampler: str) -> SamplingParams:
-    return SamplingParams(temperature=1.0, max_tokens=LENGTH, sampler=sampler, **SAMPLED[setting])
+    kw = {"temperature": 1.0, **SAMPLED[setting]}
+    return SamplingParams(max_tokens=LENGTH, sampler=sampler, **kw)
+
+
+def total_variation(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
 
 
 @pytest.mark.parametrize("sampler", ["rejection", "coupled"])
@@ -270,8 +280,9 @@ def sampled(setting: str, sampler: str) -> SamplingParams:
 def test_ar_follows_the_penalized_distribution(tiny_dirs, ar, setting, sampler):
     params = sampled(setting, sampler)
     probs = exact(tiny_dirs, ar, params)
-    plain = exact(tiny_dirs, ar, SamplingParams(temperature=1.0, max_tokens=LENGTH))
-    assert max(abs(probs.get(s, 0) - plain.get(s, 0)) for s in probs) > 0.01  # it matters
+    off = dict(presence_penalty=None, frequency_penalty=None, repetition_penalty=None)
+    plain = exact(tiny_dirs, ar, dataclasses.replace(params, logit_bias=None, **off))
+    assert total_variation(probs, plain) > 0.3  # the penalties change the distribution a lot
     assert chi_square_pvalue(samples_of(ar, params), probs) > 1e-3
 
 
@@ -284,20 +295,24 @@ def test_speculation_follows_the_penalized_distribution(tiny_dirs, methods, name
     n = N_SAMPLES // 2 if name == "ssd" else N_SAMPLES  # the worker's process is slower
     samples = samples_of(llm, params, n)
     m = llm.metrics()
-    assert m["drafted_tokens"] > n // 8 and 0 < m["accepted_tokens"] < m["drafted_tokens"]
+    assert m["drafted_tokens"] > 300 and 50 < m["accepted_tokens"] < m["drafted_tokens"]
     assert chi_square_pvalue(samples, exact(tiny_dirs, llm, params)) > 1e-3
 
 
 def test_chi_square_rejects_penalties_that_forget_the_drafts(tiny_dirs, methods, monkeypatch):
     """Power: the same test fails for a verifier whose rows count only the committed output
     (a token drafted earlier in the round is not penalized at the later rows)."""
-    monkeypatch.setattr(Penalties, "process", lambda self, x, output, d: self._apply(x, output, ()))
+
+    def forgetful(self, logits, output, drafts):
+        return self.process_rows(logits, output, [()] * logits.shape[0])
+
+    monkeypatch.setattr(Penalties, "process", forgetful)
     llm = methods["sd-k3"]
     params = SamplingParams(
-        temperature=1.0, max_tokens=LENGTH, sampler="rejection", presence_penalty=2.0
+        temperature=1.0, max_tokens=LENGTH, sampler="rejection", presence_penalty=2.0, top_k=3
     )
     samples = samples_of(llm, params)
-    assert llm.metrics()["accepted_tokens"] > 1000
+    assert llm.metrics()["accepted_tokens"] > 500
     assert chi_square_pvalue(samples, exact(tiny_dirs, llm, params)) < 1e-6
 
 

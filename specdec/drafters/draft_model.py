@@ -18,7 +18,7 @@ from specdec.drafters.draft_loop import draft_tokens
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.platform import release_freed_memory
-from specdec.processors import process_last
+from specdec.processors import process_rows
 from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
@@ -47,26 +47,30 @@ def load_draft_model(
 def process_draft_logits(logits: torch.Tensor, model: Transformer, rows: list) -> torch.Tensor:
     """Draft logits [R, V'] (V': the model's head, possibly restricted) through each row's
     processors: rows[r] = (processors, output, drafts) for the position after output + drafts,
-    or None to leave row r as it is. Processors see full-vocabulary logits (token ids); a row
-    they leave with no allowed token of a restricted head keeps its raw logits (the draft
-    then proposes tokens the target may reject: slower, still exact)."""
+    or None to leave row r as it is; rows sharing their processors (a sequence's branches) are
+    processed together. Processors see full-vocabulary logits (token ids); a row they leave
+    with no allowed token of a restricted head keeps its raw logits (the draft then proposes
+    tokens the target may reject: slower, still exact)."""
     if not any(rows):
         return logits
+    groups: dict[int, list[int]] = {}
+    for r, row in enumerate(rows):
+        if row:
+            groups.setdefault(id(row[0]), []).append(r)
     head_ids = getattr(model, "head_ids", None)
     out = logits.clone()
-    for r, row in enumerate(rows):
-        if not row:
-            continue
-        processors, output, drafts = row
-        x = logits[r : r + 1]
+    for members in groups.values():
+        processors, output, _ = rows[members[0]]
+        x = logits[members]
         if head_ids is not None:
             x = expand_logits(x, head_ids, model.config.vocab_size)
-        x = process_last(processors, x, output, drafts)
+        x = process_rows(processors, x, output, [rows[r][2] for r in members])
         if head_ids is not None:
             x = x[:, head_ids]
-            if bool(torch.isneginf(x).all()):
-                continue
-        out[r] = x[0]
+            dead = torch.isneginf(x).all(-1)
+            if dead.any():
+                x[dead] = logits[members][dead]
+        out[members] = x
     return out
 
 

@@ -213,8 +213,9 @@ class DraftWorker:
         the target's p, so that q and the top tokens (candidates, greedy draws) follow it."""
         if not any(st.processors for st in states):
             return logits
+        outputs = {id(st): st.output for st in states if st.processors}
         rows = [
-            (st.processors, st.output, drafts(r)) if st.processors else None
+            (st.processors, outputs[id(st)], drafts(r)) if st.processors else None
             for r, st in enumerate(states)
         ]
         return process_draft_logits(logits, self.model, rows)
