@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 from scipy import stats
@@ -19,11 +20,48 @@ def seeded(params: SamplingParams, n: int) -> list[SamplingParams]:
     return [dataclasses.replace(params, seed=i) for i in range(n)]
 
 
+def penalized_logits(
+    logits: torch.Tensor, prompt: list[int], output: list[int], params: SamplingParams
+) -> torch.Tensor:
+    """The definition of the penalties, token by token in float64: logit_bias added; then for
+    tokens seen in prompt or output the repetition penalty (positive logits divided, the
+    others multiplied); then presence * (count > 0) + frequency * count subtracted, counting
+    the output. ``logits`` [V]; returns a new fp64 tensor."""
+    x = logits.double().clone()
+    for token, bias in (params.logit_bias or {}).items():
+        x[token] += bias
+    r = 1.0 if params.repetition_penalty is None else params.repetition_penalty
+    presence, frequency = params.presence_penalty or 0.0, params.frequency_penalty or 0.0
+    seen, count = set(prompt) | set(output), Counter(output)
+    for v in range(x.shape[0]):
+        if v in seen and r != 1.0:
+            x[v] = x[v] / r if x[v] > 0 else x[v] * r
+        x[v] -= presence * (count[v] > 0) + frequency * count[v]
+    return x
+
+
 def exact_sequence_probs(
-    folder, prompt: list[int], params: SamplingParams, length: int, eos: set[int] | None = None
+    folder,
+    prompt: list[int],
+    params: SamplingParams,
+    length: int,
+    eos: set[int] | None = None,
+    process: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
 ) -> dict[tuple[int, ...], float]:
     """P(first ``length`` generated tokens) under the target's own distribution, by
-    enumeration of every prefix (fp64 products). Sequences ending in EOS stop early."""
+    enumeration of every prefix (fp64 products). Sequences ending in EOS stop early.
+
+    Logits processors: each prefix's logits [V] go through ``process(logits, output so
+    far)`` (default: the penalties ``params`` asks for, by their definition above) before the
+    sampling transform, position by position."""
+    if process is None and any(
+        getattr(params, f) is not None
+        for f in ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
+    ):
+
+        def process(logits, output):
+            return penalized_logits(logits, prompt, output, params)
+
     model = Transformer.from_folder(folder)
     eos_t = torch.tensor(sorted(eos or []), dtype=torch.int64)
     out: dict[tuple[int, ...], float] = {}
@@ -34,7 +72,10 @@ def exact_sequence_probs(
         cache = model.new_cache(n, len(prompt) + length + 2)
         tokens = torch.cat([torch.tensor(prompt).expand(n, -1), seqs], 1)
         logits = model.forward(tokens, cache, logits_at=torch.full((n, 1), tokens.shape[1] - 1))
-        probs = probabilities(logits[:, 0].double(), [params] * n)
+        logits = logits[:, 0].double()
+        if process is not None:
+            logits = torch.stack([process(row, out) for row, out in zip(logits, seqs.tolist())])
+        probs = probabilities(logits, [params] * n)
         joint = mass[:, None] * probs  # [n, V]
         rows, toks = joint.nonzero(as_tuple=True)
         seqs = torch.cat([seqs[rows], toks[:, None]], 1)

@@ -6,6 +6,7 @@ max_tokens=0 scoring; requests without logprobs beside them pay nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -125,3 +126,27 @@ def test_prompt_logprobs_and_scoring_only_requests(methods, method):
         assert out.token_ids == [] and out.text == "" and out.finish_reason == "length"
         assert out.logprobs is None
     assert llm.decoder.cache.free_rows == llm.decoder.cache.max_rows
+
+
+@pytest.mark.parametrize("setting", ["greedy", "coupled"])
+def test_logprobs_describe_the_penalized_distribution_under_every_method(methods, setting):
+    """With logits processors (penalties, logit_bias) the logprobs are those of the processed
+    distribution the tokens were drawn from: every method reports AR's, token for token, and
+    they differ from the unprocessed model's."""
+    p = params(
+        setting, seed=3, logprobs=2, presence_penalty=1.5, frequency_penalty=0.5,
+        logit_bias={5: 3.0}, max_tokens=16,
+    )  # fmt: skip
+    want = methods["ar"].generate([PROMPTS[0]], p)[0]
+    for name, llm in methods.items():
+        got = llm.generate([PROMPTS[0]], p)[0]
+        assert got.token_ids == want.token_ids, name
+        for e, w in zip(got.logprobs, want.logprobs):
+            assert e.logprob == pytest.approx(w.logprob, abs=TOL), name
+            assert [t for t, _ in e.top] == [t for t, _ in w.top], name
+    (raw,) = methods["ar"].score(
+        [want.prompt_token_ids], [want.token_ids], sampling_params=dataclasses.replace(
+            p, presence_penalty=None, frequency_penalty=None, logit_bias=None
+        )
+    )  # fmt: skip
+    assert any(abs(e.logprob - r) > 1e-3 for e, r in zip(want.logprobs, raw.logprobs))

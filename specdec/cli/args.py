@@ -97,6 +97,36 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--stop-token-ids", type=lambda s: [int(x) for x in s.split(",")], default=None)
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument(
+        "--presence-penalty", type=float, default=None, help="[-2, 2], over the output so far"
+    )
+    g.add_argument("--frequency-penalty", type=float, default=None, help="[-2, 2]")
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="> 0 (1 = off): seen tokens' positive logits divided, negative ones multiplied",
+    )
+    g.add_argument(
+        "--logit-bias",
+        type=parse_logit_bias,
+        default=None,
+        help='added to token ids\' logits: "ID:BIAS,ID:BIAS", each bias in [-100, 100]',
+    )
+
+
+def parse_logit_bias(text: str) -> dict[int, float]:
+    """{token id: bias} from "5:1.5,7:-100"."""
+    out = {}
+    for part in text.split(","):
+        token, sep, bias = part.partition(":")
+        try:
+            out[int(token)] = float(bias)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ID:BIAS pairs, got {part!r}") from None
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected ID:BIAS pairs, got {part!r}")
+    return out
 
 
 def parse_cores(text: str | None) -> list[int] | None:
@@ -134,4 +164,8 @@ def sampling_from_args(args: argparse.Namespace):
         stop=args.stop,
         stop_token_ids=args.stop_token_ids,
         ignore_eos=args.ignore_eos,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
+        logit_bias=args.logit_bias,
     )

@@ -14,6 +14,7 @@ from specdec.coupling import coupled_choice
 from specdec.kv_cache import KVCache
 from specdec.logprobs import TokenLogprob, emitted_logprobs
 from specdec.model import Transformer
+from specdec.processors import process_sequences
 from specdec.sampling import probabilities, sample
 from specdec.scoring import score_ids
 from specdec.sequence import Sequence
@@ -101,6 +102,7 @@ class Decoder:
     def append_sampled(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Sample one token per row of ``logits`` [B,V] and append it to its sequence, with its
         logprob entry where the request asks for one."""
+        logits = process_sequences(logits, seqs)  # penalties, bias, constraints first
         tokens = self.sample_tokens(logits, seqs)
         lps = self.logprobs_of(logits[:, None], seqs, [[t] for t in tokens])
         for s, tok, lp in zip(seqs, tokens, lps):
@@ -116,7 +118,8 @@ class Decoder:
         return emitted_logprobs(logits, [s.params for s in seqs], self.vocab_size, emitted)
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One token per row of ``logits`` [B,V] under each sequence's own parameters."""
+        """One token per row of ``logits`` [B,V] (already through the sequences' processors)
+        under each sequence's own parameters."""
         probs = probabilities(logits, [s.params for s in seqs], self.vocab_size)
         uniforms = [0.0 if s.params.greedy or s.params.coupled else s.rng.uniform() for s in seqs]
         tokens = sample(probs, uniforms)

@@ -20,6 +20,10 @@ _SAMPLING_FIELDS = (
     "sampler",
     "stop_token_ids",
     "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
 )
 
 
@@ -170,6 +174,10 @@ def sampling_params(
             ignore_eos=bool(req.ignore_eos),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias,
         )
     except ValueError as exc:
         msg = str(exc)
@@ -182,10 +190,15 @@ def make_sequence(
     llm, prompt, params: SamplingParams, request_id: str, label: str, param: str
 ) -> Sequence:
     """``llm.make_request``, its errors about "prompt 0" renamed to ``label`` (the prompt's
-    name in this request) and charged to the request field ``param``."""
+    name in this request) and charged to the request field ``param``; a sampling parameter
+    the vocabulary rules out (a logit_bias id) is charged to that parameter."""
     try:
         return llm.make_request(prompt, params, request_id)
     except ValueError as exc:
+        field = str(exc).removeprefix("invalid sampling parameter: ")
+        named = next((p for p in _SAMPLING_FIELDS if field.startswith(p)), None)
+        if field != str(exc) and named is not None:
+            raise APIError(400, str(exc), param=named, code="invalid_value") from exc
         msg = str(exc).replace("prompt 0 ", label, 1)
         code = "context_length_exceeded" if "context" in msg else "invalid_value"
         raise APIError(400, msg, param=param, code=code) from exc

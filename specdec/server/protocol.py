@@ -2,8 +2,8 @@
 
 Requests are validated strictly (no "0.5" for a number, no true for an integer), as OpenAI
 does; unknown fields are accepted and ignored so clients that send extras keep working.
-Fields specdec cannot honour (penalties, best_of, ...) are refused with 400 when set
-to anything but their neutral value.
+Fields specdec cannot honour (best_of, suffix, ...) are refused with 400 when set to
+anything but their neutral value.
 """
 
 from __future__ import annotations
@@ -57,24 +57,18 @@ class _SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool | None = None  # extension
+    presence_penalty: float | None = None  # [-2, 2], over the output so far
+    frequency_penalty: float | None = None  # [-2, 2]
+    repetition_penalty: float | None = None  # extension: > 0 (1 = off), prompt and output
+    logit_bias: dict[str, float] | None = None  # token id (a string) -> [-100, 100]
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = None
     user: str | None = None
-    # accepted only at their neutral values
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
     def unsupported(self) -> list[str]:
-        """Names of set fields specdec cannot honour."""
-        bad = []
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                bad.append(name)
-        if self.logit_bias:
-            bad.append("logit_bias")
-        return bad
+        """Names of set fields specdec cannot honour (each route adds its own)."""
+        return []
 
 
 class CompletionRequest(_SamplingFields):
