@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.constraints import check_constraint
 from specdec.coupling import PositionNoise
 
 # how a sampled (temperature > 0) request draws its tokens under speculation; greedy requests
@@ -36,6 +37,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     sampler: str = "auto"
+    # structured output (constraints.py): a picklable spec such as {"type": "json_schema",
+    # "schema": {...}}, {"type": "json_object"} or {"type": "grammar", "grammar": "<lark>"};
+    # only tokens that keep the output valid are sampled. None: unconstrained
+    constraint: dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self):
@@ -70,6 +75,8 @@ class SamplingParams:
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
             bad(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
+        if self.constraint is not None:  # raises ValueError naming what the engine rejects
+            self.constraint = check_constraint(self.constraint)
 
     @property
     def greedy(self) -> bool:
