@@ -47,11 +47,31 @@ def _bad(msg: str):
 
 
 def check_constraint(spec) -> dict:
-    """The spec in its canonical form (a new dict of plain JSON values); raises ValueError
-    naming the problem: an unknown type, a missing field, a schema that is not JSON, a grammar
-    or schema the engine rejects (a syntax error, a keyword it cannot enforce)."""
+    """The spec in its canonical form (plain JSON values; shared, do not change it); raises
+    ValueError naming the problem: an unknown type, a missing field, a schema that is not
+    JSON, a grammar or schema the engine rejects (a syntax error, a keyword it cannot
+    enforce)."""
+    return _resolve(spec)[0]
+
+
+def _resolve(spec) -> tuple[dict, str]:
+    """(canonical spec, llguidance grammar), checked."""
     if not isinstance(spec, dict):
         _bad(f"must be an object with a 'type', got {spec!r}")
+    try:
+        key = json.dumps(spec)  # key order kept: a schema's properties come out in its order
+    except (TypeError, ValueError) as exc:
+        _bad(f"not plain JSON: {exc}")
+    return _checked(key)
+
+
+@lru_cache(maxsize=256)
+def _checked(key: str) -> tuple[dict, str]:
+    """``_resolve`` of a spec's JSON text; cached, because every copy of a request's
+    SamplingParams checks its spec again (errors are not cached: they raise)."""
+    from llguidance import LLMatcher
+
+    spec = json.loads(key)
     kind = spec.get("type")
     if kind not in CONSTRAINT_TYPES:
         _bad(f"type must be one of {', '.join(CONSTRAINT_TYPES)}, got {kind!r}")
@@ -64,46 +84,29 @@ def check_constraint(spec) -> dict:
                 _bad(f"schema is not valid JSON: {exc}")
         if not isinstance(schema, dict | bool):
             _bad(f"json_schema needs a 'schema' object, got {schema!r}")
-        try:
-            schema = json.loads(json.dumps(schema))
-        except (TypeError, ValueError) as exc:
-            _bad(f"schema is not plain JSON: {exc}")
         out = {"type": kind, "schema": schema}
     elif kind == "json_object":
         out = {"type": kind}
+        schema = {"type": "object"}
     else:
         field = "grammar" if kind == "grammar" else "pattern"
         text = spec.get(field)
         if not isinstance(text, str) or not text:
             _bad(f"{kind} needs a non-empty '{field}' string")
         out = {"type": kind, field: text}
-    _compiled(json.dumps(out, sort_keys=True))  # raises on what the engine rejects
-    return out
-
-
-@lru_cache(maxsize=256)
-def _compiled(key: str) -> str:
-    """llguidance's grammar for a canonical spec (JSON text), checked; cached, because every
-    copy of a request's SamplingParams validates its spec again."""
-    from llguidance import LLMatcher
-
-    spec = json.loads(key)
-    kind = spec["type"]
     try:
-        if kind == "json_schema":
-            grammar = LLMatcher.grammar_from_json_schema(spec["schema"], defaults=JSON_OPTIONS)
-        elif kind == "json_object":
-            grammar = LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        if kind in ("json_schema", "json_object"):
+            grammar = LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         elif kind == "grammar":
-            grammar = LLMatcher.grammar_from_lark(spec["grammar"])
+            grammar = LLMatcher.grammar_from_lark(out["grammar"])
         else:
-            grammar = LLMatcher.grammar_from_regex(spec["pattern"])
+            grammar = LLMatcher.grammar_from_regex(out["pattern"])
     except ValueError as exc:
         _bad(f"{kind}: {exc}")
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         _bad(f"{kind}: {messages[0].strip()}")
-    return grammar
+    return out, grammar
 
 
 # -- the engine's view of a tokenizer: built once per (tokenizer, EOS ids), ~1-3 s at 151k ----
@@ -179,12 +182,11 @@ class GrammarConstraint:
         eos_token_ids: Sequence[int],
         stop_token_ids: Sequence[int] = (),
     ):
-        self.spec = check_constraint(spec)
+        self.spec, grammar = _resolve(spec)
         self.eos_token_ids = sorted(set(int(t) for t in eos_token_ids))
         self.stop_ids = set(self.eos_token_ids) | set(int(t) for t in stop_token_ids)
         ll_tok = engine_tokenizer(tokenizer, self.eos_token_ids)
-        self.matcher = _template(ll_tok, _compiled(json.dumps(self.spec, sort_keys=True)))
-        self.matcher = self.matcher.deep_copy()
+        self.matcher = _template(ll_tok, grammar).deep_copy()
         self.n_vocab = ll_tok.vocab_size
         self._words = (self.n_vocab + 31) // 32
         self._consumed: list[int] = []  # the committed output seen so far
@@ -308,17 +310,17 @@ class GrammarConstraint:
     def _unpack(self, bits, accepting, eos_only, width: int) -> torch.Tensor:
         """bool [rows, width] from the engine's bitmasks: stop tokens join a complete grammar's
         EOS; an empty row (a dead end, or past an ending draft) allows EOS alone."""
-        rows = bits.shape[0]
-        flat = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")
-        out = torch.zeros(rows, width, dtype=torch.bool)
         cols = min(width, self.n_vocab)
-        out[:, :cols] = torch.from_numpy(flat[:, :cols].astype(bool))
+        flat = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")[:, :cols]
+        out = torch.zeros(bits.shape[0], width, dtype=torch.bool)
+        out[:, :cols] = torch.from_numpy(flat)
         stops = [t for t in self.stop_ids if t < width]
+        if stops and accepting.any():
+            out[torch.from_numpy(accepting.nonzero()[0])[:, None], stops] = True
         eos = [t for t in self.eos_token_ids if t < width]
-        for r in range(rows):
-            if accepting[r] and stops:
-                out[r, stops] = True
-            if eos and (eos_only[r] or not bool(out[r].any())):
-                out[r] = False
-                out[r, eos] = True
+        empty = eos_only | ~out.any(1).numpy()
+        if eos and empty.any():
+            rows = torch.from_numpy(empty.nonzero()[0])
+            out[rows] = False
+            out[rows[:, None], eos] = True
         return out

@@ -253,7 +253,7 @@ def make_llm(json_dirs, method, **kw):
     return LLM(d["target"], dtype="float32", **kw)
 
 
-N_SAMPLES = {"ar": 3000, "sd": 3000, "ngram": 3000, "ssd": 2000}
+N_SAMPLES = {"ar": 2000, "sd": 2000, "ngram": 2000, "ssd": 1500}
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "ngram", "ssd"])
@@ -273,20 +273,17 @@ def test_sampled_output_follows_the_exact_constrained_distribution(json_dirs, me
     assert chi_square_pvalue(samples, exact) > 1e-3
 
 
-def test_the_chi_square_sees_an_unconstrained_sampler(json_dirs):
-    """Power: the same test rejects the target's unconstrained samples (they mostly leave
-    the language) and samples under a different grammar that shares its first token."""
+def test_the_chi_square_tells_another_grammar_apart(json_dirs):
+    """Power: the same test rejects samples under a grammar that differs in one value."""
     params = SamplingParams(temperature=1.0, max_tokens=LENGTH, sampler="rejection")
     other = {"type": "json_schema", "schema": {"type": "array", "items": {"enum": [1]}}}
     with make_llm(json_dirs, "ar") as llm:
         prompt = llm.tokenizer.encode(PROMPT)
-        exact = exact_constrained(json_dirs["target"], prompt, params, LENGTH, array_allowed)
-        for p in (params, dataclasses.replace(params, constraint=other)):
-            outs = llm.generate([prompt] * 3000, seeded(p, 3000))
-            samples = [
-                tuple(o.token_ids) + ((EOS,) if o.finish_reason == "stop" else ()) for o in outs
-            ]
-            assert chi_square_pvalue(samples, exact) < 1e-6
+        p = dataclasses.replace(params, constraint=other)
+        outs = llm.generate([prompt] * 2000, seeded(p, 2000))
+    samples = [tuple(o.token_ids) + ((EOS,) if o.finish_reason == "stop" else ()) for o in outs]
+    exact = exact_constrained(json_dirs["target"], prompt, params, LENGTH, array_allowed)
+    assert chi_square_pvalue(samples, exact) < 1e-6
 
 
 GREEDY_PROMPTS = ["[1,2,1,1,2]", "[2,2", "{", "[1,1,1,1,1,1"]
@@ -440,3 +437,14 @@ def test_server_bad_response_format_is_a_400_and_the_server_keeps_serving(
         model="tiny-json", prompt="[", max_tokens=3, temperature=0
     )
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_properties_come_in_the_schema_order(tok):
+    schema = {
+        "type": "object",
+        "properties": {"b": {"enum": [1]}, "a": {"enum": [2]}},
+        "required": ["b", "a"],
+        "additionalProperties": False,
+    }
+    c = GrammarConstraint.from_spec({"type": "json_schema", "schema": schema}, tok)
+    assert names(c.allowed([T["{"], T['"']], [], 16)[0].nonzero().flatten().tolist()) == ["b"]
