@@ -226,7 +226,8 @@ class GrammarConstraint:
         drafts[:j]."""
         if logits.shape[0] != len(drafts) + 1:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(drafts)} drafts")
-        return logits.masked_fill(~self.allowed(output, drafts, logits.shape[-1]), -math.inf)
+        allowed = self.allowed(output, drafts, logits.shape[-1]).to(logits.device)
+        return logits.masked_fill(~allowed, -math.inf)
 
     def process_last(
         self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
@@ -234,7 +235,7 @@ class GrammarConstraint:
         """``logits`` [1, V] masked for the position after output + ALL of drafts (a
         drafter's next token)."""
         allowed = self.allowed(output, drafts, logits.shape[-1], last_only=True)
-        return logits.masked_fill(~allowed, -math.inf)
+        return logits.masked_fill(~allowed.to(logits.device), -math.inf)
 
     # -- masks --------------------------------------------------------------------------------
     def allowed(
