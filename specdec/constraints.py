@@ -171,6 +171,15 @@ def _template(ll_tokenizer, grammar: str):
     return m
 
 
+def _masked(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
+    """A copy of ``logits`` with -inf where ``allowed`` is False. On the CPU in numpy: one
+    single-threaded pass (a torch op this small pays more for its thread pool than it works)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        x = logits.detach().numpy()
+        return torch.from_numpy(np.where(allowed, x, np.array(-np.inf, dtype=x.dtype)))
+    return logits.masked_fill(torch.from_numpy(~allowed).to(logits.device), -math.inf)
+
+
 class GrammarConstraint:
     """A request's grammar: masks logits so that only tokens continuing a valid output (or
     EOS once it is complete) can be sampled. A LogitsProcessor (processors.py's contract)."""
@@ -226,16 +235,14 @@ class GrammarConstraint:
         drafts[:j]."""
         if logits.shape[0] != len(drafts) + 1:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(drafts)} drafts")
-        allowed = self.allowed(output, drafts, logits.shape[-1]).to(logits.device)
-        return logits.masked_fill(~allowed, -math.inf)
+        return _masked(logits, self._allowed(output, drafts, logits.shape[-1], False))
 
     def process_last(
         self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
     ) -> torch.Tensor:
         """``logits`` [1, V] masked for the position after output + ALL of drafts (a
         drafter's next token)."""
-        allowed = self.allowed(output, drafts, logits.shape[-1], last_only=True)
-        return logits.masked_fill(~allowed.to(logits.device), -math.inf)
+        return _masked(logits, self._allowed(output, drafts, logits.shape[-1], True))
 
     # -- masks --------------------------------------------------------------------------------
     def allowed(
@@ -243,10 +250,14 @@ class GrammarConstraint:
     ) -> torch.Tensor:
         """bool [len(drafts) + 1, width] (or [1, width] with ``last_only``): the tokens allowed
         after output + drafts[:j]. The matcher ends where it started (drafts rolled back)."""
+        return torch.from_numpy(self._allowed(output, drafts, width, last_only))
+
+    def _allowed(self, output, drafts, width: int, last_only: bool) -> np.ndarray:
+        # numpy throughout: single-threaded, no thread-pool handoff per small operation
         self._sync(output)
         n = len(drafts) + 1
         first = n - 1 if last_only else 0  # the first row wanted
-        bits = torch.zeros(n, self._words, dtype=torch.int32)
+        bits = np.zeros((n, self._words), dtype=np.int32)
         accepting = np.zeros(n, dtype=bool)
         eos_only = np.zeros(n, dtype=bool)  # rows past a draft that ends or leaves the grammar
         m = self.matcher
@@ -255,7 +266,7 @@ class GrammarConstraint:
             if j > 0:  # advance through d_j, if the grammar allows it and it does not stop
                 d = int(drafts[j - 1])
                 if j - 1 >= first:
-                    ok = d < self.n_vocab and bool((bits[j - 1, d // 32] >> (d % 32)) & 1)
+                    ok = d < self.n_vocab and bool((int(bits[j - 1, d // 32]) >> (d % 32)) & 1)
                 else:
                     ok = d < self.n_vocab and m.validate_tokens([d]) == 1
                 if d in self.stop_ids or not ok or not m.consume_token(d):
@@ -266,7 +277,7 @@ class GrammarConstraint:
                 eos_only[j:] = True
                 break
             if j >= first:
-                m.unsafe_compute_mask_ptr(bits[j].data_ptr(), self._words * 4)
+                m.unsafe_compute_mask_ptr(bits[j].ctypes.data, self._words * 4)
                 accepting[j] = m.is_accepting()
         if taken and not m.rollback(taken):
             raise RuntimeError(f"grammar matcher could not roll back {taken} tokens")
@@ -308,20 +319,21 @@ class GrammarConstraint:
         self._ended = self._stuck = False
         del self._consumed[length:]
 
-    def _unpack(self, bits, accepting, eos_only, width: int) -> torch.Tensor:
+    def _unpack(self, bits, accepting, eos_only, width: int) -> np.ndarray:
         """bool [rows, width] from the engine's bitmasks: stop tokens join a complete grammar's
         EOS; an empty row (a dead end, or past an ending draft) allows EOS alone."""
         cols = min(width, self.n_vocab)
-        flat = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")[:, :cols]
-        out = torch.zeros(bits.shape[0], width, dtype=torch.bool)
-        out[:, :cols] = torch.from_numpy(flat)
+        flat = np.unpackbits(bits.view(np.uint8), axis=1, count=cols, bitorder="little")
+        out = flat.view(bool)
+        if width > cols:  # model rows beyond the tokenizer: padding, never allowed
+            out = np.concatenate([out, np.zeros((out.shape[0], width - cols), bool)], axis=1)
         stops = [t for t in self.stop_ids if t < width]
         if stops and accepting.any():
-            out[torch.from_numpy(accepting.nonzero()[0])[:, None], stops] = True
+            out[np.ix_(accepting.nonzero()[0], stops)] = True
         eos = [t for t in self.eos_token_ids if t < width]
-        empty = eos_only | ~out.any(1).numpy()
+        empty = eos_only | ~out.any(1)
         if eos and empty.any():
-            rows = torch.from_numpy(empty.nonzero()[0])
+            rows = empty.nonzero()[0]
             out[rows] = False
-            out[rows[:, None], eos] = True
+            out[np.ix_(rows, eos)] = True
         return out
