@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.constraints import check_constraint
 from specdec.coupling import PositionNoise
 from specdec.processors import check_penalty
 from specdec.tokenizer import lone_surrogate
@@ -52,6 +53,10 @@ class SamplingParams:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[int, float] | None = None
+    # structured output (constraints.py): a picklable spec such as {"type": "json_schema",
+    # "schema": {...}}, {"type": "json_object"} or {"type": "grammar", "grammar": "<lark>"};
+    # only tokens that keep the output valid are sampled. None: unconstrained
+    constraint: dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self):
@@ -105,6 +110,8 @@ class SamplingParams:
                 bad(problem)
         if self.logit_bias is not None:
             self.logit_bias = _logit_bias(self.logit_bias, bad)
+        if self.constraint is not None:  # raises ValueError naming what the engine rejects
+            self.constraint = check_constraint(self.constraint)
 
     @property
     def greedy(self) -> bool:

@@ -61,6 +61,10 @@ class _SamplingFields(_Strict):
     frequency_penalty: float | None = None  # [-2, 2]
     repetition_penalty: float | None = None  # extension: > 0 (1 = off), prompt and output
     logit_bias: dict[str, float] | None = None  # token id (a string) -> [-100, 100]
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    # "strict"}}; extensions: {"type": "grammar", "grammar": "<lark>"}, {"type": "regex",
+    # "pattern": "..."} (on completions too)
+    response_format: dict[str, Any] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -115,14 +119,11 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0..20 alternatives per token (needs logprobs)
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
         if self.tools:
             bad.append("tools")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            bad.append("response_format")
         return bad
 
 
