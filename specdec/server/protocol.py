@@ -110,6 +110,8 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant's calls (checked in tools.py)
+    tool_call_id: str | None = None  # the call a tool message answers
 
     def as_template_input(self) -> dict:
         content = self.content
@@ -125,13 +127,13 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None  # default: the rest of the context
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked in tools.py, which names the bad field
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:
         bad = super().unsupported()
-        if self.tools:
-            bad.append("tools")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             bad.append("response_format")
         return bad
@@ -161,9 +163,21 @@ class Completion(BaseModel):
     speculative: dict[str, Any] | None = None  # extension: the request's decoding metrics
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -183,9 +197,25 @@ class ChatCompletion(BaseModel):
     speculative: dict[str, Any] | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed call: index, id, type and name (arguments "") first, then fragments of
+    its arguments (index and function.arguments only)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

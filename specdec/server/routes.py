@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from specdec.sequence import Sequence
 from specdec.server.async_engine import Event
+from specdec.server.errors import APIError
 from specdec.server.generation import Generation, sse
 from specdec.server.inputs import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -44,9 +45,24 @@ from specdec.server.protocol import (
     CompletionChoice,
     CompletionRequest,
     Delta,
+    FunctionCall,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
+    ToolCall,
+    ToolCallDelta,
 )
+from specdec.server.tool_calls import (
+    CallStart,
+    Content,
+    Piece,
+    ToolCallFormat,
+    ToolCallParser,
+    finish_reason,
+    format_for_template,
+    parse_output,
+)
+from specdec.server.tools import ToolRequest, template_messages, tool_request
 
 router = APIRouter()
 
@@ -98,6 +114,57 @@ CHAT = Shape(
         ChatChunkChoice(index=j, delta=Delta(role="assistant", content="")) for j in range(n)
     ],
 )
+
+
+def _piece_delta(piece: Piece) -> Delta:
+    if isinstance(piece, Content):
+        return Delta(content=piece.text)
+    if isinstance(piece, CallStart):
+        fn = FunctionCallDelta(name=piece.name, arguments="")
+        return Delta(
+            tool_calls=[ToolCallDelta(index=piece.index, id=piece.id, type="function", function=fn)]
+        )
+    fn = FunctionCallDelta(arguments=piece.text)
+    return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fn)])
+
+
+def tool_chat(n: int, fmt: ToolCallFormat) -> Shape:
+    """The chat answer of a request that offered tools: each choice's text read by its own
+    parser, calls in ``tool_calls`` (streamed as ``delta.tool_calls``), and the finish
+    reason "tool_calls" when the model stopped after calling."""
+    parsers = [ToolCallParser(fmt) for _ in range(n)]
+
+    def deltas(ev: Event) -> list[BaseModel]:
+        parser = parsers[ev.index]
+        pieces = parser.feed(ev.text) if ev.text else []
+        if ev.finish_reason is not None:
+            pieces += parser.finish()
+        out: list[BaseModel] = [
+            ChatChunkChoice(index=ev.index, delta=_piece_delta(p)) for p in pieces
+        ]
+        if ev.finish_reason is not None:
+            reason = finish_reason(ev.finish_reason, parser.calls)
+            out.append(ChatChunkChoice(index=ev.index, delta=Delta(), finish_reason=reason))
+        return out
+
+    def choice(i: int, text: str, reason: str | None) -> BaseModel:
+        content, calls = parse_output(text, fmt)
+        tool_calls = [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in calls
+        ]
+        message = AssistantMessage(
+            content=content if content or not calls else None, tool_calls=tool_calls or None
+        )
+        return ChatChoice(index=i, message=message, finish_reason=finish_reason(reason, len(calls)))
+
+    return Shape(
+        response=ChatCompletion,
+        choice=choice,
+        chunk=ChatCompletionChunk,
+        deltas=deltas,
+        opening=CHAT.opening,
+    )
 
 
 async def respond(
@@ -213,14 +280,16 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     state = request.app.state
     n = num_choices(req, state.model_name)
     check_capacity(n, state.engine.capacity)
+    tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+    _check_enforceable(tools)
+    messages = template_messages(req.messages)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    messages = [m.as_template_input() for m in req.messages]
     limit = req.max_completion_tokens
     if limit is None:
         limit = req.max_tokens
 
     def build() -> list[Sequence]:
-        ids = chat_prompt_ids(state.llm, messages)
+        ids = chat_prompt_ids(state.llm, messages, tools.offered)
         max_tokens = limit
         if max_tokens is None:  # default: the rest of the context
             max_tokens = rest_of_context(len(ids), state.engine.max_model_len)
@@ -232,4 +301,18 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         return seqs
 
     seqs = await asyncio.to_thread(build)
-    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), CHAT)
+    shape = CHAT
+    if tools.offered:
+        shape = tool_chat(n, format_for_template(state.llm.tokenizer.chat_template(tools=True)))
+    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), shape)
+
+
+def _check_enforceable(tools: ToolRequest) -> None:
+    if tools.enforced:
+        raise APIError(
+            400,
+            f'tool_choice "{tools.choice}" is not implemented yet (it needs the grammar engine '
+            'that enforces a call); use "auto" or "none"',
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
