@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.constraints import check_constraint
 from specdec.coupling import PositionNoise
+from specdec.processors import check_penalty
 
 # how a sampled (temperature > 0) request draws its tokens under speculation; greedy requests
 # give the same text either way. "coupled": the same seed gives the same text with every method
@@ -36,6 +38,18 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     sampler: str = "auto"
+    # logits processors (processors.py), applied before temperature/top-k/top-p; None = off.
+    # OpenAI's presence/frequency penalties (in [-2, 2], over the output so far), logit_bias
+    # ({token id: bias in [-100, 100]}, ids as ints or OpenAI's strings), and the repetition
+    # penalty (> 0, 1 = off; over prompt and output, as HF/vLLM define it)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    # structured output (constraints.py): a picklable spec such as {"type": "json_schema",
+    # "schema": {...}}, {"type": "json_object"} or {"type": "grammar", "grammar": "<lark>"};
+    # only tokens that keep the output valid are sampled. None: unconstrained
+    constraint: dict | None = None
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self):
@@ -70,6 +84,19 @@ class SamplingParams:
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
             bad(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         self.stop_token_ids = ids
+        for name, low, high in (
+            ("presence_penalty", -2.0, 2.0),
+            ("frequency_penalty", -2.0, 2.0),
+            ("repetition_penalty", 0.0, None),
+        ):
+            value = getattr(self, name)
+            problem = None if value is None else check_penalty(name, value, low, high)
+            if problem:
+                bad(problem)
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias, bad)
+        if self.constraint is not None:  # raises ValueError naming what the engine rejects
+            self.constraint = check_constraint(self.constraint)
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +109,24 @@ class SamplingParams:
         if self.greedy:
             return False
         return self.sampler == "coupled" or (self.sampler == "auto" and self.seed is not None)
+
+
+def _logit_bias(bias, bad) -> dict[int, float]:
+    """{token id: bias} from ints or OpenAI's strings of ids, each bias in [-100, 100]."""
+    if not isinstance(bias, dict):
+        bad(f"logit_bias must be a map of token ids to numbers, got {bias!r}")
+    out = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            token = int(key)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            bad(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        problem = check_penalty(f"logit_bias[{key!r}]", value, -100.0, 100.0)
+        if problem:
+            bad("logit_bias values must " + problem.split(" must ", 1)[1] + f" (token {key!r})")
+        out[token] = float(value)
+    return out
 
 
 class SequenceRNG:

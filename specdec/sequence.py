@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from specdec.metrics import DrafterStats
+from specdec.processors import TokenVocabulary, build_processors
 from specdec.sampling import SamplingParams, SequenceRNG
 from specdec.tokenizer import Detokenizer, Tokenizer
 
@@ -63,6 +64,9 @@ class Sequence:
         self.request_id = request_id or f"req-{next(_ids)}"
         self.prompt_ids = list(prompt_ids)
         self.params = params
+        # logits processors (penalties, ...): empty for most requests, which then cost nothing
+        vocab = TokenVocabulary(tokenizer.vocab_size, tuple(eos_token_ids), tokenizer)
+        self.processors = build_processors(params, self.prompt_ids, vocab)
         self.rng = SequenceRNG(params.seed)
         self.output_ids: list[int] = []
         self.text = ""  # full output text (stop strings cut off)

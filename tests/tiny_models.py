@@ -85,3 +85,32 @@ def build(
     model.save_pretrained(folder)
     write_tokenizer(folder, vocab_size)
     return folder
+
+
+# JSON pieces (byte-level BPE, no merges): tiny models whose outputs a grammar engine can read
+JSON_PIECES = ["<unk>", "<s>", "</s>", "{", "}", "[", "]", ",", ":", '"', "a", "b", "1", "2"]
+JSON_PIECES += ["true", "false"]  # 16 tokens
+
+
+def write_json_tokenizer(folder: Path) -> None:
+    """Replace ``folder``'s tokenizer with one whose 16 tokens are JSON pieces (as real
+    byte-level tokenizers spell them), so that "[1,2]" is the tokens [ 1 , 2 ]."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(JSON_PIECES)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(w, special=True) for w in JSON_PIECES[:3]])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            }
+        )
+    )

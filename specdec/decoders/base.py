@@ -13,6 +13,7 @@ import torch
 from specdec.coupling import coupled_choice
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
+from specdec.processors import process_sequences
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
 
@@ -84,7 +85,9 @@ class Decoder:
         """Hook for drafters that keep state per sequence."""
 
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One token per row of ``logits`` [B,V] under each sequence's own parameters."""
+        """One token per row of ``logits`` [B,V] under each sequence's own parameters (its
+        processors first)."""
+        logits = process_sequences(logits, seqs)
         probs = probabilities(logits, [s.params for s in seqs], self.vocab_size)
         uniforms = [0.0 if s.params.greedy or s.params.coupled else s.rng.uniform() for s in seqs]
         tokens = sample(probs, uniforms)

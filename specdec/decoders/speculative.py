@@ -7,6 +7,7 @@ One round, for every running sequence (cache invariant: all tokens but the pendi
   1. K      = the controller's choice, capped by what the sequence may still emit
   2. d, q   = drafter.propose(sequence, K)                   d_i ~ q_i
   3. p      = target([pending, d_1..d_K])                    p_1..p_{K+1}, one pass
+              (row j through the sequence's processors as if d_1..d_j were output)
   4. n, t   = verify(p, q, d)                                accept d_1..d_n, then t
               (coupled rows: verify_coupled, with the request's position-keyed noise)
   5. roll the target cache back to pending + d_1..d_n; t becomes the pending token;
@@ -23,6 +24,7 @@ from specdec.controller import SpeculationController
 from specdec.decoders.base import Decoder, RoundTimer
 from specdec.drafters.base import Drafter
 from specdec.model import Transformer
+from specdec.processors import process_verify_rows
 from specdec.sampling import probabilities
 from specdec.sequence import Sequence
 from specdec.verify import verify_rows
@@ -118,6 +120,8 @@ class SpeculativeDecoder(Decoder):
         verify_s = time.perf_counter() - t
         timer.phase("verify", verify_s)
 
+        # row j of a sequence follows its drafts d_1..d_j: processed as AR would after them
+        logits = process_verify_rows(logits, seqs, drafts, k)
         p = probabilities(logits, [s.params for s in seqs], self.vocab_size)
         kmax = drafts.shape[1]
         u_acc, u_next = draw_uniforms(seqs, k.tolist(), kmax)

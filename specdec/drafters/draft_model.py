@@ -18,6 +18,7 @@ from specdec.drafters.draft_loop import draft_tokens
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.platform import release_freed_memory
+from specdec.processors import process_last
 from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
@@ -41,6 +42,32 @@ def load_draft_model(
     if keep is not None and draft.head_ids is None:
         restrict_head(draft, keep)
     return draft
+
+
+def process_draft_logits(logits: torch.Tensor, model: Transformer, rows: list) -> torch.Tensor:
+    """Draft logits [R, V'] (V': the model's head, possibly restricted) through each row's
+    processors: rows[r] = (processors, output, drafts) for the position after output + drafts,
+    or None to leave row r as it is. Processors see full-vocabulary logits (token ids); a row
+    they leave with no allowed token of a restricted head keeps its raw logits (the draft
+    then proposes tokens the target may reject: slower, still exact)."""
+    if not any(rows):
+        return logits
+    head_ids = getattr(model, "head_ids", None)
+    out = logits.clone()
+    for r, row in enumerate(rows):
+        if not row:
+            continue
+        processors, output, drafts = row
+        x = logits[r : r + 1]
+        if head_ids is not None:
+            x = expand_logits(x, head_ids, model.config.vocab_size)
+        x = process_last(processors, x, output, drafts)
+        if head_ids is not None:
+            x = x[:, head_ids]
+            if bool(torch.isneginf(x).all()):
+                continue
+        out[r] = x[0]
+    return out
 
 
 def draft_distribution(
@@ -109,6 +136,17 @@ class DraftModelDrafter(Drafter):
             logits, params, self.model, self.tokenizer_vocab, self.target_vocab
         )
 
+    def _processed(self, logits, seqs: list[Sequence], drafted: torch.Tensor, live: list[bool]):
+        """Draft logits [B, V'] at the position after each row's drafts so far, through the
+        sequence's processors (the target's p goes through the same ones)."""
+        if not any(s.processors for s in seqs):
+            return logits
+        rows = [
+            (s.processors, s.output_ids, drafted[b].tolist()) if s.processors and ok else None
+            for b, (s, ok) in enumerate(zip(seqs, live))
+        ]
+        return process_draft_logits(logits, self.model, rows)
+
     def _sample(
         self, q: torch.Tensor, seqs: list[Sequence], live: list[bool], i: int
     ) -> torch.Tensor:
@@ -142,6 +180,7 @@ class DraftModelDrafter(Drafter):
         logits = self.model.forward(catch_up, self.cache, rows, num_new=lengths, logits_at=last)
 
         def draw(logits: torch.Tensor, i: int) -> torch.Tensor:
+            logits = self._processed(logits, seqs, tokens[:, :i], [i < k for k in ks])
             q[:, i] = self._distribution(logits, seqs)
             tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks], i)
             return tokens[:, i]

@@ -25,6 +25,7 @@ from specdec.config import BACKUPS
 from specdec.controller import SpeculationController
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.ngram import NgramDrafter
+from specdec.processors import processor_fields
 from specdec.sequence import Sequence
 from specdec.ssd.cache import Speculation
 from specdec.ssd.channel import ChannelError
@@ -159,6 +160,8 @@ class SSDDrafter(Drafter):
             seed=seq.rng.seed,
             fanout=self._plan(seq, self.k),
             coupled=p.coupled,
+            prompt_len=len(seq.prompt_ids),
+            processing=processor_fields(p),
         )
 
     def after_prefill(self, seqs: list[Sequence]) -> None:

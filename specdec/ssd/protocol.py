@@ -104,9 +104,15 @@ class PrefillSeq:
     seed: int  # the request's seed: the worker derives its own random stream from it
     fanout: list[int] = field(default_factory=list)  # until the first round sends one
     coupled: bool = False  # draft with the request's position-keyed noise (coupling.py)
+    prompt_len: int = 0  # how many of ``tokens`` are the prompt (the rest is output)
+    # the request's logits-processor fields (processors.PROCESSOR_FIELDS that are set): the
+    # worker builds the same processors for its q as the target uses for its p
+    processing: dict = field(default_factory=dict)
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, **self.processing
+        )
 
 
 @dataclass

@@ -51,6 +51,21 @@ class SequenceState:
     specs: SpeculationCache = field(default_factory=SpeculationCache)
     branches: dict[tuple[int, int], Branch] = field(default_factory=dict)  # keyed as specs
     ahead: Ahead | None = None
+    # logits processors (penalties, ...) and what they read: the sequence's tokens up to the
+    # pending one, of which the first prompt_len are the prompt (kept only with processors)
+    processors: list = field(default_factory=list)
+    prompt_len: int = 0
+    history: list[int] = field(default_factory=list)
+
+    @property
+    def output(self) -> list[int]:
+        """The output so far, the pending token included."""
+        return self.history[self.prompt_len :]
+
+    def commit(self, start: int, tokens: list[int]) -> None:
+        """The sequence's tokens from index ``start`` on are now ``tokens``."""
+        if self.processors:
+            self.history[start:] = tokens
 
     def forget_speculations(self) -> None:
         self.specs.clear()

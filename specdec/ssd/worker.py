@@ -23,8 +23,13 @@ import torch
 from specdec.coupling import PositionNoise
 from specdec.decoders.base import pad_right
 from specdec.drafters.draft_loop import draft_tokens
-from specdec.drafters.draft_model import draft_distribution, load_draft_model
+from specdec.drafters.draft_model import (
+    draft_distribution,
+    load_draft_model,
+    process_draft_logits,
+)
 from specdec.platform import pin_cpu_cores
+from specdec.processors import TokenVocabulary, build_processors
 from specdec.sampling import sample
 from specdec.ssd.cache import Speculation
 from specdec.ssd.channel import Channel, ChannelError
@@ -175,12 +180,16 @@ class DraftWorker:
         states: list[SequenceState],
         position: int,
         at: list[int],
+        drafts,
     ) -> list[int]:
         """Draw one token per row of logits [R, V] (row r continues states[r]) at draft
         position ``position`` (0-based; index at[r] of the sequence), record it in drafted[r],
         and return the tokens. Greedy rows skip the full-vocabulary transform: their q' is the
         point mass on the argmax over real tokens (the first top token); so are coupled rows,
-        on their coupled draw (the verifier judges them by equality, not by q')."""
+        on their coupled draw (the verifier judges them by equality, not by q').
+        ``drafts(r)``: the tokens row r follows after the sequence's pending one (for its
+        processors; called only for sequences that have some)."""
+        logits = self._processed(logits, states, drafts)
         one = torch.ones(1, dtype=torch.float64)
         if all(st.params.greedy for st in states):
             tops = self._tops(logits, self._n_tops, states, at)
@@ -197,6 +206,18 @@ class DraftWorker:
         for d, (token, ids, probs), top in zip(drafted, draws, tops):
             d.add(token, ids, probs, top)
         return [token for token, _, _ in draws]
+
+    def _processed(self, logits: torch.Tensor, states: list[SequenceState], drafts):
+        """Rows of draft logits [R, V] through their sequence's processors, row r at the
+        position after the sequence's pending token and drafts(r): the same processing as
+        the target's p, so that q and the top tokens (candidates, greedy draws) follow it."""
+        if not any(st.processors for st in states):
+            return logits
+        rows = [
+            (st.processors, st.output, drafts(r)) if st.processors else None
+            for r, st in enumerate(states)
+        ]
+        return process_draft_logits(logits, self.model, rows)
 
     def _q(self, logits: torch.Tensor, states: list[SequenceState]) -> torch.Tensor:
         cfg = self.cfg
@@ -222,6 +243,11 @@ class DraftWorker:
             if item.coupled and not st.params.greedy:
                 st.noise = PositionNoise(item.seed)
             st.fanout = item.fanout
+            st.processors = build_processors(
+                st.params, item.tokens[: item.prompt_len], TokenVocabulary(self.cfg.tokenizer_vocab)
+            )
+            st.prompt_len = item.prompt_len
+            st.commit(0, list(item.tokens))
             self.seqs[item.sid] = st
         states = [self.seqs[item.sid] for item in msg.seqs]
         tokens, lengths = pad_right([item.tokens for item in msg.seqs])
@@ -233,6 +259,8 @@ class DraftWorker:
     def round(self, msg: Round) -> None:
         """Trunk pass, candidate selection, and tree drafting of every branch."""
         states = [self._seq(item.sid) for item in msg.seqs]
+        for st, item in zip(states, msg.seqs):  # b_prev is final, the drafts are not
+            st.commit(item.start, item.catch_up + item.trunk[:1])
         # 1. one pass over what the rows do not hold of catch-up + trunk [b_prev, d_1..d_K],
         #    for the draft's top tokens after each trunk token
         tops = self._trunk_pass(states, msg.seqs)
@@ -283,7 +311,13 @@ class DraftWorker:
             first = items[i].start + len(items[i].catch_up) + len(tops[i]) + 1
             n = int(n_trunk[r])
             at = list(range(first, first + n))
-            tops[i] += self._tops(logits[r, :n], self._n_tops, [states[i]] * n, at)
+            held, trunk = len(tops[i]), items[i].trunk
+
+            def drafts(t, held=held, trunk=trunk):  # row t follows b_prev, d_1..d_{held+t}
+                return trunk[1 : held + t + 1]
+
+            rows = self._processed(logits[r, :n], [states[i]] * n, drafts)
+            tops[i] += self._tops(rows, self._n_tops, [states[i]] * n, at)
         return tops
 
     def _draft_tree(
@@ -315,7 +349,14 @@ class DraftWorker:
                 branch_logits = logits[i, : lay.width]
                 # a branch after k accepted drafts has its root at index trunk_start + 1 + k
                 at = [st.trunk_start + k + 2 + step for k in lay.branch_k]
-                drafted_now = self._draw_into(drafted[i], branch_logits, [st] * lay.width, step, at)
+
+                def drafts(j, st=st, lay=lay, i=i):  # d_1..d_k, the root, its drafts so far
+                    k = lay.branch_k[j]
+                    return st.trunk[1 : k + 1] + [roots[i][j]] + drafted[i][j].tokens
+
+                drafted_now = self._draw_into(
+                    drafted[i], branch_logits, [st] * lay.width, step, at, drafts
+                )
                 drawn.append(drafted_now)
             return step_tokens(drawn)
 
@@ -344,6 +385,7 @@ class DraftWorker:
             st = self._seq(item.sid)
             # keep b_prev and the accepted drafts; the emitted token becomes pending
             self._rewind(st, st.trunk_start + 1 + item.accepted)
+            st.commit(st.trunk_start + 1, st.trunk[1 : 1 + item.accepted] + [item.token])
             spec = st.specs.lookup(item.accepted, item.token)
             specs.append(spec)
             if spec is None:
@@ -373,6 +415,7 @@ class DraftWorker:
         for item in msg.seqs:
             st = self._seq(item.sid)
             self._rewind(st, item.start)
+            st.commit(item.start, item.catch_up)
             st.forget_ahead()
         sids, catch_ups = [item.sid for item in msg.seqs], [item.catch_up for item in msg.seqs]
         specs = self._draft_now(sids, catch_ups, self._depth(msg.depth))
@@ -391,7 +434,8 @@ class DraftWorker:
 
         def draw(logits: torch.Tensor, step: int) -> torch.Tensor:
             at = [pos + 1 + step for pos in pending_at]
-            return torch.tensor(self._draw_into(drafted, logits, states, step, at))
+            drawn = self._draw_into(drafted, logits, states, step, at, lambda r: drafted[r].tokens)
+            return torch.tensor(drawn)
 
         def advance(tokens: torch.Tensor, step: int) -> torch.Tensor:
             return self.model.forward(tokens[:, None], self.cache, rows)[:, 0]
