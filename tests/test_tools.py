@@ -166,6 +166,39 @@ def test_text_that_is_not_a_call_stays_content(text, content, calls):
         assert [(n, json.loads(a)) for _, n, a in got_calls] == calls
 
 
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize(
+    "text,names,content,calls",
+    [
+        (BARE, {"get_weather"}, "", [("get_weather", {"city": "Paris"})]),
+        (
+            f"  {BARE}\n{BARE.replace('Paris', 'Rome')}\nDone.",
+            {"get_weather"},
+            "Done.",
+            [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})],
+        ),
+        (BARE, set(), BARE, []),  # no tools offered
+        (BARE, {"get_time"}, BARE, []),  # a function that was not offered
+        ('{"a": 1} is JSON', {"get_weather"}, '{"a": 1} is JSON', []),
+        (f"Here: {BARE}", {"get_weather"}, f"Here: {BARE}", []),  # only at the start
+    ],
+    ids=["bare", "two-then-text", "no-names", "unknown", "other-json", "not-first"],
+)
+def test_an_answer_that_is_a_call_without_tags(text, names, content, calls):
+    """Qwen2.5-Coder-0.5B answers with the call's JSON alone: read as a call of an offered
+    function, in every split of the stream."""
+    for cuts in ([], list(range(1, len(text))), [3, 9, 30]):
+        parser = ToolCallParser(new_id=ids(), names=frozenset(names))
+        pieces = []
+        for a, b in itertools.pairwise([0, *cuts, len(text)]):
+            pieces += parser.feed(text[a:b])
+        got_content, got_calls = assemble(pieces + parser.finish())
+        assert got_content == content
+        assert [(n, json.loads(a)) for _, n, a in got_calls] == calls
+
+
 def test_a_call_cut_by_max_tokens_keeps_what_was_written():
     content, calls = parse_output('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
     assert content == "" and [c.name for c in calls] == ["get_weather"]
@@ -444,3 +477,384 @@ def test_tools_reach_the_prompt_and_none_withholds_them(server, tiny_llm):
         assert msg["content"] == greedy_text(tiny_llm, ids, 6) and msg["tool_calls"] is None
     with_tools = tiny_llm.chat_prompt(msgs, [WEATHER])
     assert with_tools != tiny_llm.chat_prompt(msgs, None)
+
+
+# -- enforced calls: a tiny random model that speaks in tool-call pieces -----------------------
+SPACE, NEWLINE = "\u0120", "\u010a"  # byte-level BPE's spellings of " " and "\n"
+TOOL_PIECES = ["<unk>", "<s>", "</s>", "<tool_call>", "</tool_call>"]
+TOOL_PIECES += [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789")
+TOOL_PIECES += list('{}[]":,_-.<>/') + [SPACE, NEWLINE]
+TOOL_PIECES += [
+    '{"name":' + SPACE + '"',
+    '",' + SPACE + '"arguments":' + SPACE,
+    "get_weather",
+    "get_time",
+    "city",
+    "zone",
+    "days",
+    "utc",
+]  # 64 tokens
+
+
+def write_tool_tokenizer(folder) -> None:
+    """A byte-level tokenizer (no merges) of 64 pieces: letters, digits, JSON punctuation,
+    a few whole words, and Qwen's tags as single added tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(TOOL_PIECES)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(w, special=True) for w in TOOL_PIECES[:3]])
+    tok.add_tokens([AddedToken(w, special=False) for w in TOOL_PIECES[3:5]])
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def tool_dirs(tmp_path_factory):
+    from tiny_models import build
+
+    root = tmp_path_factory.mktemp("tool_models")
+    dirs = {
+        "target": build(root / "target", "llama", seed=31, vocab_size=64, max_pos=2048),
+        "draft": build(
+            root / "draft", "llama", seed=32, vocab_size=64, hidden=32, layers=1, max_pos=2048
+        ),
+    }
+    for d in dirs.values():
+        write_tool_tokenizer(d)
+    return dirs
+
+
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 6},
+                "unit": {"enum": ["celsius", "kelvin"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["utc", "paris"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+NO_ARGS = {"type": "function", "function": {"name": "now"}}
+TOOLS = [FORECAST, CLOCK, NO_ARGS]
+
+
+def assert_valid_calls(message: dict, allowed: set[str]) -> None:
+    """The message is one or more calls of ``allowed`` functions, arguments valid under
+    each function's schema (an absent schema: no arguments at all)."""
+    from jsonschema import validate
+
+    schemas = {t["function"]["name"]: t["function"].get("parameters") for t in TOOLS}
+    assert message["content"] is None and message["tool_calls"], message
+    for call in message["tool_calls"]:
+        name = call["function"]["name"]
+        assert name in allowed and call["type"] == "function" and call["id"].startswith("call_")
+        args = json.loads(call["function"]["arguments"])
+        validate(args, schemas[name] or {"type": "object", "maxProperties": 0})
+
+
+@pytest.fixture(scope="module")
+def tool_server(tool_dirs):
+    llm = LLM(tool_dirs["target"], dtype="float32")
+    with ServerThread(create_app(llm, "tiny-tools", max_num_seqs=8)) as srv:
+        yield srv
+
+
+def openai_client(srv):
+    import openai
+
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+ASK = [{"role": "user", "content": "weather in paris"}]
+
+
+@pytest.mark.parametrize(
+    "choice,allowed",
+    [
+        ("required", {"get_weather", "get_time", "now"}),
+        ({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+        ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"}),
+    ],
+    ids=["required", "named", "named-schema"],
+)
+def test_required_and_named_choices_always_give_a_valid_call(tool_server, choice, allowed):
+    """Whatever a random model would have said, sampled answers are one call of an allowed
+    function with valid arguments, and the finish reason says so."""
+    r = openai_client(tool_server).chat.completions.create(
+        model="tiny-tools",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        n=8,
+        seed=5,
+        temperature=1.0,
+        max_tokens=300,
+    )
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c
+        assert_valid_calls(c.message.model_dump(), allowed)
+        assert len(c.message.tool_calls) == 1
+
+
+def test_parallel_calls_are_each_valid(tool_server):
+    """With parallel calls (the default) an answer may hold several calls, each valid; an
+    answer cut by max_tokens keeps its complete calls."""
+    r = post(
+        tool_server,
+        {
+            "messages": ASK,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "n": 8,
+            "seed": 9,
+            "max_tokens": 120,
+        },
+    )
+    assert r.status_code == 200, r.text
+    counts = []
+    for c in r.json()["choices"]:
+        msg = c["message"]
+        if c["finish_reason"] == "length":  # the last call (or its tag) may be cut short
+            if msg["tool_calls"] and msg["content"] is None:
+                msg = {**msg, "tool_calls": msg["tool_calls"][:-1] or None}
+            msg["content"] = None
+            if not msg["tool_calls"]:
+                continue
+        else:
+            assert c["finish_reason"] == "tool_calls"
+        assert_valid_calls(msg, {"get_weather", "get_time", "now"})
+        counts.append(len(msg["tool_calls"]))
+    assert max(counts) >= 2, counts
+
+
+def test_streamed_calls_reassemble_to_the_non_streamed_answer(tool_server):
+    """The same seeded request, streamed and not: the same calls (ids aside), built from an
+    id/name chunk and argument fragments."""
+    c = openai_client(tool_server)
+    kw = dict(model="tiny-tools", messages=ASK, tools=TOOLS, tool_choice="required", seed=11)
+    whole = c.chat.completions.create(**kw, max_tokens=300).choices[0]
+    calls: dict[int, dict] = {}
+    reasons = []
+    for chunk in c.chat.completions.create(**kw, max_tokens=300, stream=True):
+        for ch in chunk.choices:
+            reasons.append(ch.finish_reason)
+            for tc in ch.delta.tool_calls or []:
+                if tc.id is not None:
+                    calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+    want = [
+        {"name": t.function.name, "arguments": t.function.arguments}
+        for t in whole.message.tool_calls
+    ]
+    assert [calls[i] for i in sorted(calls)] == want
+    assert reasons[-1] == "tool_calls" == whole.finish_reason
+
+
+def test_two_turn_tool_call_with_the_openai_client(tool_server, tool_dirs):
+    """The model calls a function; the client runs it and sends the result back with the
+    call in the history; the model answers in text. The second prompt is the conversation
+    rendered with the call and its result."""
+    c = openai_client(tool_server)
+    first = c.chat.completions.create(
+        model="tiny-tools",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+        max_tokens=100,
+    )
+    msg = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = msg.tool_calls
+    assert call.function.name == "get_time"
+    zone = json.loads(call.function.arguments)["zone"]
+    history = [
+        *ASK,
+        msg.model_dump(exclude_none=True),  # the assistant's call, as the client got it
+        {"role": "tool", "tool_call_id": call.id, "content": f"{zone} 12:00"},
+    ]
+    second = c.chat.completions.create(
+        model="tiny-tools", messages=history, tools=TOOLS, temperature=0, max_tokens=8
+    )
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length") and answer.message.tool_calls is None
+    llm = LLM(tool_dirs["target"], dtype="float32")
+    msgs = template_messages([ChatMessage(**m) for m in history])
+    ids = llm.chat_prompt(msgs, TOOLS)
+    assert second.usage.prompt_tokens == len(ids)
+    assert answer.message.content == greedy_text(llm, ids, 8)
+    text = llm.tokenizer.hf.decode(ids)
+    assert f"<tool_response>\n{zone} 12:00\n</tool_response>" in text
+    assert call.function.arguments in text  # the call, rendered back as the model wrote it
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"method": "sd", "num_speculative_tokens": 3}, {"method": "ngram"}],
+    ids=["sd", "ngram"],
+)
+def test_enforced_calls_are_token_identical_to_ar(tool_dirs, kw):
+    """Under the call grammar every method is lossless: greedy speculative decoding gives
+    AR's tokens exactly."""
+    from specdec.server.tool_calls import HERMES as FMT
+    from specdec.server.tool_grammar import call_constraint
+    from specdec.server.tools import tool_request
+
+    ar = LLM(tool_dirs["target"], dtype="float32")
+    tools = tool_request(TOOLS, "required", False)  # one call, then EOS
+    constraint = call_constraint(tools, ar.tokenizer, FMT)
+    params = SamplingParams(temperature=0, max_tokens=120, constraint=constraint)
+    prompts = [ar.chat_prompt([{"role": "user", "content": t}], TOOLS) for t in ("a", "time")]
+    want = [o.token_ids for o in ar.generate(prompts, params)]
+    for tokens in want:
+        content, calls = parse_output(ar.tokenizer.decode(tokens))
+        assert content == "" and calls, ar.tokenizer.decode(tokens)
+    if kw["method"] == "sd":
+        kw = {**kw, "draft_model": tool_dirs["draft"]}
+    llm = LLM(tool_dirs["target"], dtype="float32", **kw)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+
+
+def test_parameters_the_grammar_engine_cannot_enforce_are_a_400(tool_server):
+    odd = with_fn(
+        name="odd",
+        parameters={"type": "object", "properties": {"x": {"type": "array", "uniqueItems": True}}},
+    )
+    r = post(
+        tool_server,
+        {"messages": ASK, "tools": [CLOCK, odd], "tool_choice": "required", "max_tokens": 4},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "tools[1].function.parameters"
+    r = post(
+        tool_server,
+        {
+            "messages": ASK,
+            "tools": [CLOCK],
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+# -- real models -------------------------------------------------------------------------------
+def two_turns(srv, model: str, first_choice, second_choice="auto", max_tokens: int = 24):
+    """Turn 1: the question, with tools; turn 2: the call and its result sent back. Returns
+    both responses and the history of turn 2."""
+    c = openai_client(srv)
+    ask = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+    first = c.chat.completions.create(
+        model=model,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice=first_choice,
+        temperature=0,
+        max_tokens=40,
+    )
+    msg = first.choices[0].message
+    (call,) = msg.tool_calls
+    history = [
+        *ask,
+        msg.model_dump(exclude_none=True),
+        {
+            "role": "tool",
+            "tool_call_id": call.id,
+            "content": '{"temperature_c": 18, "sky": "sunny"}',
+        },
+    ]
+    second = c.chat.completions.create(
+        model=model,
+        messages=history,
+        tools=[WEATHER],
+        tool_choice=second_choice,
+        temperature=0,
+        max_tokens=max_tokens,
+    )
+    return first, second, history
+
+
+def check_weather_call(first) -> None:
+    from jsonschema import validate
+
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+@pytest.mark.real
+def test_smollm2_two_turn_tool_call(smollm2_path):
+    """SmolLM2-135M does not call tools by itself: a named tool_choice makes its answer a
+    valid call; with the result sent back it answers in text, from the whole conversation."""
+    llm = LLM(smollm2_path)
+    with ServerThread(create_app(llm, "smollm2", max_num_seqs=2)) as srv:
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        first, second, history = two_turns(srv, "smollm2", named)
+        check_weather_call(first)
+        # the same request streamed: the same call, in an id/name chunk and fragments
+        stream = openai_client(srv).chat.completions.create(
+            model="smollm2",
+            messages=history[:1],
+            tools=[WEATHER],
+            tool_choice=named,
+            temperature=0,
+            max_tokens=40,
+            stream=True,
+        )
+        args = "".join(
+            tc.function.arguments or ""
+            for ch in stream
+            for c in ch.choices
+            for tc in c.delta.tool_calls or []
+        )
+        assert args == first.choices[0].message.tool_calls[0].function.arguments
+    msgs = template_messages([ChatMessage(**m) for m in history])
+    ids = llm.chat_prompt(msgs, [WEATHER])
+    assert second.usage.prompt_tokens == len(ids)
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length", "tool_calls")
+    assert answer.message.content or answer.message.tool_calls
+
+
+@pytest.mark.heavy
+def test_qwen_calls_a_tool_by_itself_and_answers_from_its_result():
+    """Qwen2.5-Coder-0.5B, tool_choice auto: it calls get_weather on its own (its answer is
+    the call's JSON), and answers from the result once the client sends it back (with
+    tool_choice "none": this small model would otherwise call again)."""
+    llm = LLM("qwen2.5-coder-0.5b")
+    with ServerThread(create_app(llm, "qwen", max_num_seqs=2)) as srv:
+        first, second, _ = two_turns(srv, "qwen", "auto", "none", max_tokens=32)
+    check_weather_call(first)
+    answer = second.choices[0].message
+    assert answer.tool_calls is None and "18" in answer.content, answer

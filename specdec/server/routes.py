@@ -9,6 +9,7 @@ Each route reads the engine, metrics and model from ``request.app.state`` (see `
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -62,7 +63,8 @@ from specdec.server.tool_calls import (
     format_for_template,
     parse_output,
 )
-from specdec.server.tools import ToolRequest, template_messages, tool_request
+from specdec.server.tool_grammar import call_constraint
+from specdec.server.tools import template_messages, tool_request
 
 router = APIRouter()
 
@@ -128,11 +130,11 @@ def _piece_delta(piece: Piece) -> Delta:
     return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fn)])
 
 
-def tool_chat(n: int, fmt: ToolCallFormat) -> Shape:
+def tool_chat(n: int, fmt: ToolCallFormat, names: frozenset[str] = frozenset()) -> Shape:
     """The chat answer of a request that offered tools: each choice's text read by its own
     parser, calls in ``tool_calls`` (streamed as ``delta.tool_calls``), and the finish
     reason "tool_calls" when the model stopped after calling."""
-    parsers = [ToolCallParser(fmt) for _ in range(n)]
+    parsers = [ToolCallParser(fmt, names=names) for _ in range(n)]
 
     def deltas(ev: Event) -> list[BaseModel]:
         parser = parsers[ev.index]
@@ -148,7 +150,7 @@ def tool_chat(n: int, fmt: ToolCallFormat) -> Shape:
         return out
 
     def choice(i: int, text: str, reason: str | None) -> BaseModel:
-        content, calls = parse_output(text, fmt)
+        content, calls = parse_output(text, fmt, names=names)
         tool_calls = [
             ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
             for c in calls
@@ -281,8 +283,12 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     n = num_choices(req, state.model_name)
     check_capacity(n, state.engine.capacity)
     tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
-    _check_enforceable(tools)
     messages = template_messages(req.messages)
+    fmt = format_for_template(state.llm.tokenizer.chat_template(tools=True))
+    constraint = None
+    if tools.enforced:
+        _no_other_format(req)
+        constraint = await asyncio.to_thread(call_constraint, tools, state.llm.tokenizer, fmt)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     limit = req.max_completion_tokens
     if limit is None:
@@ -297,22 +303,24 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         for j in range(n):
             seed = None if req.seed is None else req.seed + j
             params = sampling_params(req, max_tokens, seed)
+            if constraint is not None:  # the answer must be a call
+                params = dataclasses.replace(params, constraint=constraint)
             seqs.append(make_sequence(state.llm, ids, params, f"{rid}-{j}", "prompt ", "messages"))
         return seqs
 
     seqs = await asyncio.to_thread(build)
-    shape = CHAT
-    if tools.offered:
-        shape = tool_chat(n, format_for_template(state.llm.tokenizer.chat_template(tools=True)))
+    names = frozenset(fn["name"] for fn in tools.functions())
+    shape = tool_chat(n, fmt, names) if tools.offered else CHAT
     return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), shape)
 
 
-def _check_enforceable(tools: ToolRequest) -> None:
-    if tools.enforced:
+def _no_other_format(req: ChatCompletionRequest) -> None:
+    """A required call is a grammar of its own: no response_format beside it."""
+    if req.response_format and req.response_format.get("type") not in (None, "text"):
         raise APIError(
             400,
-            f'tool_choice "{tools.choice}" is not implemented yet (it needs the grammar engine '
-            'that enforces a call); use "auto" or "none"',
-            param="tool_choice",
-            code="unsupported_parameter",
+            'response_format cannot be combined with tool_choice "required" or a named '
+            "function (the answer is a tool call)",
+            param="response_format",
+            code="invalid_value",
         )

@@ -13,7 +13,9 @@ index, id and name first, then argument fragments), and the non-streamed answer 
 parser run over the whole text, so the streamed deltas always reassemble to it.
 
 A call's ``arguments`` string is the model's own JSON text of the arguments object. Text
-that merely looks like a call (a tag followed by something else) stays content.
+that merely looks like a call (a tag followed by something else) stays content. Some models
+(Qwen2.5-Coder's small ones) answer with the call's JSON alone, without the tags: given the
+offered functions' names, an answer that opens with such a call is read as one.
 """
 
 from __future__ import annotations
@@ -196,8 +198,12 @@ class ToolCallParser:
 
     fmt: ToolCallFormat = HERMES
     new_id: Callable[[], str] = new_call_id
+    # the offered functions: a call of one of them written without the tags, as the whole
+    # answer (Qwen2.5-Coder's small models answer so), is read as a call too
+    names: frozenset[str] = frozenset()
     calls: int = 0  # calls started so far
-    _state: str = "text"  # text, header, args, trailer, whole
+    _state: str = ""  # start, text, header, args, trailer, whole, bare_end
+    _bare: bool = False  # the call being read has no tags
     _buf: str = ""  # text not yet decided
     _held_ws: str = ""  # whitespace withheld in text: dropped if a call follows
     _tag_ws: str = ""  # the whitespace dropped before the open tag (back if no call)
@@ -205,6 +211,9 @@ class ToolCallParser:
     _after_ws: str = ""  # that whitespace: it separates the content around the call
     _had_content: bool = False
     _scan: _ArgsScanner = field(default_factory=_ArgsScanner)
+
+    def __post_init__(self):
+        self._state = self._state or ("start" if self.names else "text")
 
     def feed(self, text: str) -> list[Piece]:
         """The pieces that ``text`` (the next part of the output) decides."""
@@ -233,6 +242,33 @@ class ToolCallParser:
                 return
 
     # -- states ------------------------------------------------------------------------------
+    def _start(self, out: list[Piece], final: bool) -> None:
+        """The answer's beginning (or the end of an untagged call): another untagged call?"""
+        stripped = self._buf.lstrip(_WS)
+        if not stripped and not final:
+            return
+        if stripped.startswith("{"):
+            status, name, end = _scan_header(stripped, self.fmt)
+            if status == "more" and not final:
+                return
+            if status == "ok" and name in self.names:
+                out.append(CallStart(self.calls, self.new_id(), name))
+                self.calls += 1
+                self._buf, self._skip_ws = stripped[end:], False
+                self._scan, self._bare, self._state = _ArgsScanner(), True, "args"
+                return
+        self._state = "text"
+
+    def _bare_end(self, out: list[Piece], final: bool) -> None:
+        """After an untagged call's arguments: its closing brace."""
+        stripped = self._buf.lstrip(_WS)
+        if not stripped and not final:
+            self._buf = ""
+            return
+        self._buf = stripped[1:] if stripped.startswith("}") else stripped
+        self._bare = False
+        self._state, self._skip_ws, self._after_ws = "start", True, ""
+
     def _text(self, out: list[Piece], final: bool) -> None:
         if self._skip_ws:
             stripped = self._buf.lstrip(_WS)
@@ -298,7 +334,9 @@ class ToolCallParser:
         if i > start:
             out.append(CallArgs(self.calls - 1, buf[start:i]))
         self._buf = buf[i:]
-        if scan.done or self._buf.startswith(close):
+        if self._bare and scan.done:
+            self._state = "bare_end"
+        elif scan.done or self._buf.startswith(close):
             self._state = "trailer"
 
     def _trailer(self, out: list[Piece], final: bool) -> None:
@@ -363,10 +401,13 @@ class ParsedCall:
 
 
 def parse_output(
-    text: str, fmt: ToolCallFormat = HERMES, new_id: Callable[[], str] = new_call_id
+    text: str,
+    fmt: ToolCallFormat = HERMES,
+    new_id: Callable[[], str] = new_call_id,
+    names: frozenset[str] = frozenset(),
 ) -> tuple[str, list[ParsedCall]]:
     """A whole output's content and calls: the streamed pieces, put together."""
-    parser = ToolCallParser(fmt, new_id)
+    parser = ToolCallParser(fmt, new_id, names)
     content, calls = "", []
     for p in parser.feed(text) + parser.finish():
         if isinstance(p, Content):

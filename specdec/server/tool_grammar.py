@@ -49,10 +49,8 @@ def call_grammar(
         raise ValueError("a call grammar needs at least one function")
     calls = 'call ("\\n" call)*' if parallel else "call"
     names = " | ".join(f"fn_{i}" for i in range(len(functions)))
-    lines = [
-        f"start: {calls}",
-        f'call: {_tag(fmt.open, special_tags)} "\\n" ({names}) "\\n" {_tag(fmt.close, special_tags)}',
-    ]
+    open_, close = _tag(fmt.open, special_tags), _tag(fmt.close, special_tags)
+    lines = [f"start: {calls}", f'call: {open_} "\\n" ({names}) "\\n" {close}']
     for i, fn in enumerate(functions):
         head = "{" + f"{json.dumps(fmt.name_key)}: {json.dumps(fn['name'])}, "
         head += f"{json.dumps(fmt.args_key)}: "
@@ -66,3 +64,27 @@ def tags_are_special(tokenizer, fmt: ToolCallFormat) -> bool:
     Tokenizer), which the grammar must then name as tokens."""
     added = tokenizer.hf.get_added_vocab()
     return fmt.open in added and fmt.close in added
+
+
+def call_constraint(tools, tokenizer, fmt: ToolCallFormat) -> dict:
+    """The constraint (constraints.py) for a ``ToolRequest`` whose choice is enforced: any
+    offered function ("required", several calls unless parallel_tool_calls is false) or the
+    named one (one call). A function whose parameters the grammar engine cannot enforce is a
+    400 naming it."""
+    from specdec.constraints import check_constraint
+    from specdec.server.errors import APIError
+
+    for i, tool in enumerate(tools.tools):
+        fn = tool["function"]
+        if tools.function not in (None, fn["name"]):
+            continue
+        try:
+            check_constraint({"type": "json_schema", "schema": arguments_schema(fn)})
+        except ValueError as exc:
+            where = f"tools[{i}].function.parameters"
+            msg = str(exc).replace("invalid constraint: json_schema", f"{where} cannot be enforced")
+            raise APIError(400, msg, param=where, code="invalid_value") from exc
+    parallel = tools.parallel and tools.function is None
+    special = tags_are_special(tokenizer, fmt)
+    grammar = call_grammar(tools.functions(), fmt, parallel, special)
+    return check_constraint({"type": "grammar", "grammar": grammar})
