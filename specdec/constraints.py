@@ -187,7 +187,8 @@ class GrammarConstraint:
         self.matcher = self.matcher.deep_copy()
         self.n_vocab = ll_tok.vocab_size
         self._words = (self.n_vocab + 31) // 32
-        self._consumed: list[int] = []  # committed output the matcher has advanced through
+        self._consumed: list[int] = []  # the committed output seen so far
+        self._fed = 0  # how much of it the matcher consumed (all of it, unless ended / stuck)
         self._ended = False  # an EOS / stop token is in the output (ignore_eos)
         self._stuck = False  # the output left the grammar (cannot happen when masked)
 
@@ -203,6 +204,17 @@ class GrammarConstraint:
         model's are given (LLM.eos_token_ids)."""
         eos = tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids
         return cls(spec, tokenizer, eos, stop_token_ids)
+
+    @classmethod
+    def from_params(cls, params, vocab) -> GrammarConstraint | None:
+        """The constraint of a request's SamplingParams (None without one); ``vocab``: a
+        processors.TokenVocabulary that carries the tokenizer."""
+        if getattr(params, "constraint", None) is None:
+            return None
+        if vocab is None or vocab.tokenizer is None:
+            raise ValueError("a grammar constraint needs the tokenizer")
+        eos = vocab.eos_token_ids or vocab.tokenizer.eos_token_ids
+        return cls(params.constraint, vocab.tokenizer, eos, params.stop_token_ids or ())
 
     # -- the contract -----------------------------------------------------------------------
     def process(
@@ -258,20 +270,40 @@ class GrammarConstraint:
         return self._unpack(bits[first:], accepting[first:], eos_only[first:], width)
 
     def _sync(self, output: Sequence[int]) -> None:
-        """Advance the matcher through the output committed since the last call."""
-        n = len(self._consumed)
-        if len(output) < n or (n and output[n - 1] != self._consumed[-1]):  # another history
-            self.matcher.reset()
-            self._consumed, self._ended, self._stuck, n = [], False, False, 0
-        for t in output[n:]:
-            t = int(t)
+        """Advance the matcher through the output committed since the last call (first going
+        back to where the history was rewritten, as SSD's worker does)."""
+        output = list(output)
+        if output[: len(self._consumed)] != self._consumed:
+            common = 0
+            for a, b in zip(output, self._consumed):
+                if a != b:
+                    break
+                common += 1
+            self._rewind(common)
+        for t in output[len(self._consumed) :]:
             self._consumed.append(t)
             if self._ended or self._stuck:
                 continue
             if t in self.stop_ids:
                 self._ended = True
-            elif not self.matcher.consume_token(t):
+            elif self.matcher.consume_token(t):
+                self._fed += 1
+            else:
                 self._stuck = True
+
+    def _rewind(self, length: int) -> None:
+        """Forget the output from index ``length`` on. The matcher consumed _consumed[:_fed];
+        the token at _fed, if any, ended the output or left the grammar (and then put the
+        matcher in an error state, which does not roll back: start over)."""
+        if length > self._fed:
+            del self._consumed[length:]
+            return
+        if self._stuck or not self.matcher.rollback(self._fed - length):
+            self.matcher.reset()
+            length = 0
+        self._fed = length
+        self._ended = self._stuck = False
+        del self._consumed[length:]
 
     def _unpack(self, bits, accepting, eos_only, width: int) -> torch.Tensor:
         """bool [rows, width] from the engine's bitmasks: stop tokens join a complete grammar's

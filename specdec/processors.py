@@ -61,6 +61,7 @@ class TokenVocabulary:
 # SamplingParams fields that build_processors reads: the SSD worker gets them (by name) in its
 # prefill message and builds the same processors for its q. Other processors add their fields.
 PROCESSOR_FIELDS = ["presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"]
+PROCESSOR_FIELDS += ["constraint", "stop_token_ids"]  # constraints.py (stop tokens end a grammar)
 
 
 def processor_fields(params) -> dict:
@@ -68,7 +69,7 @@ def processor_fields(params) -> dict:
     out = {}
     for name in PROCESSOR_FIELDS:
         value = getattr(params, name, None)
-        if value is not None:
+        if value not in (None, [], {}):
             out[name] = value
     return out
 
@@ -80,6 +81,10 @@ def build_processors(params, prompt_ids: Sequence[int], vocab: TokenVocabulary |
     penalties = Penalties.from_params(params, prompt_ids, vocab)
     if penalties is not None:
         processors.append(penalties)
+    if getattr(params, "constraint", None) is not None:  # last: its -inf are final
+        from specdec.constraints import GrammarConstraint
+
+        processors.append(GrammarConstraint.from_params(params, vocab))
     return processors
 
 

@@ -14,6 +14,7 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         folder = Path(folder)
+        self.folder = folder
         if not (folder / "tokenizer.json").exists() and not (folder / "tokenizer.model").exists():
             raise ValueError(f"no tokenizer in {folder} (tokenizer.json or tokenizer.model)")
         try:

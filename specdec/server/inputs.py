@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from specdec.constraints import check_constraint
 from specdec.sampling import SamplingParams
 from specdec.sequence import Sequence
 from specdec.server.errors import APIError
@@ -82,9 +83,41 @@ def rest_of_context(prompt_len: int, max_model_len: int) -> int:
     return max_model_len - prompt_len
 
 
+def constraint_of(response_format: dict | None) -> dict | None:
+    """The constraint (constraints.py) an OpenAI ``response_format`` asks for; None for text.
+    A malformed format, a schema the grammar engine rejects or a keyword it cannot enforce:
+    400 naming ``response_format``."""
+    if response_format is None:
+        return None
+
+    def bad(msg: str):
+        raise APIError(400, msg, param="response_format", code="invalid_value")
+
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_schema":
+        body = response_format.get("json_schema")
+        if not isinstance(body, dict) or "schema" not in body:
+            bad("response_format json_schema needs a 'json_schema' object with a 'schema'")
+        spec = {"type": "json_schema", "schema": body["schema"]}
+    elif kind in ("json_object", "grammar", "regex"):
+        spec = dict(response_format)
+    else:
+        bad(
+            "response_format type must be text, json_object or json_schema (or the extensions "
+            f"grammar, regex), got {kind!r}"
+        )
+    try:
+        return check_constraint(spec)
+    except ValueError as exc:
+        bad(str(exc).replace("invalid constraint", "invalid response_format", 1))
+
+
 def sampling_params(req, max_tokens: int, seed: int | None) -> SamplingParams:
     """The request's sampling parameters, with OpenAI's defaults for the unset ones."""
     top_k = 0 if req.top_k in (None, -1) else req.top_k
+    constraint = constraint_of(req.response_format)
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -96,6 +129,7 @@ def sampling_params(req, max_tokens: int, seed: int | None) -> SamplingParams:
             stop=req.stop,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=bool(req.ignore_eos),
+            constraint=constraint,
         )
     except ValueError as exc:
         msg = str(exc)

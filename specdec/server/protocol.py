@@ -57,6 +57,10 @@ class _SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool | None = None  # extension
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+    # "strict"}}; extensions: {"type": "grammar", "grammar": "<lark>"}, {"type": "regex",
+    # "pattern": "..."} (on completions too)
+    response_format: dict[str, Any] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -130,13 +134,6 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Any] | None = None  # checked in tools.py, which names the bad field
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-
-    def unsupported(self) -> list[str]:
-        bad = super().unsupported()
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            bad.append("response_format")
-        return bad
 
 
 # -- responses ---------------------------------------------------------------------------------

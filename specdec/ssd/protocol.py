@@ -53,6 +53,9 @@ class WorkerConfig:
     port: int
     connect_timeout_s: float = 120.0
     parent_pid: int = 0
+    # the target's tokenizer folder and EOS ids: a grammar constraint masks the worker's q too
+    tokenizer_path: str | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

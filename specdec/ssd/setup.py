@@ -37,6 +37,8 @@ def build_ssd_decoder(
         num_threads=len(cores) if cores else None,
         host="127.0.0.1",
         port=0,
+        tokenizer_path=str(tokenizer.folder),
+        eos_token_ids=sorted(set(tokenizer.eos_token_ids) | set(target.config.eos_token_ids)),
     )
     handle = WorkerHandle(worker, reply_timeout_s=ssd.timeout_s)
     # K adapts as in SD (up to k), unless fixed: the cost the controller sees for drafting is

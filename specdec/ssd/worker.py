@@ -118,6 +118,19 @@ class DraftWorker:
         self.cache = self.model.new_cache(cfg.max_rows, cfg.max_len + self.tree_slack)
         self.seqs: dict[str, SequenceState] = {}
         self.busy_s = 0.0
+        self._tokenizer = None  # loaded for the first request with a grammar constraint
+
+    def _vocabulary(self, params) -> TokenVocabulary:
+        """What the request's processors need of the tokenizer: the tokenizer itself only for
+        a grammar constraint (constraints.py), whose masks read token text."""
+        if getattr(params, "constraint", None) is None or not self.cfg.tokenizer_path:
+            return TokenVocabulary(self.cfg.tokenizer_vocab)
+        if self._tokenizer is None:
+            from specdec.tokenizer import Tokenizer
+
+            self._tokenizer = Tokenizer(self.cfg.tokenizer_path)
+        eos = tuple(self.cfg.eos_token_ids)
+        return TokenVocabulary(self.cfg.tokenizer_vocab, eos, self._tokenizer)
 
     # -- helpers -----------------------------------------------------------------------------
     def _seq(self, sid: str) -> SequenceState:
@@ -244,7 +257,7 @@ class DraftWorker:
                 st.noise = PositionNoise(item.seed)
             st.fanout = item.fanout
             st.processors = build_processors(
-                st.params, item.tokens[: item.prompt_len], TokenVocabulary(self.cfg.tokenizer_vocab)
+                st.params, item.tokens[: item.prompt_len], self._vocabulary(st.params)
             )
             st.prompt_len = item.prompt_len
             st.commit(0, list(item.tokens))
