@@ -307,9 +307,9 @@ def test_tool_blind_templates_get_tools_and_calls_in_the_messages():
 def test_smollm2_prompt_carries_the_tools(smollm2_path):
     """SmolLM2's template renders role and content only: the tools reach the model through
     the system message, in the format the parser reads."""
-    llm = LLM(smollm2_path, dtype="float32")
+    tok = Tokenizer(smollm2_path)
     msgs = template_messages([ChatMessage(**m) for m in openai_conversation()])
-    text = llm.tokenizer.hf.decode(llm.chat_prompt(msgs, [WEATHER]))
+    text = tok.hf.decode(tok.apply_chat_template(msgs, [WEATHER]))
     assert text == (
         "<|im_start|>system\nYou are terse.\n\n" + tools_text([WEATHER]) + "<|im_end|>\n"
         "<|im_start|>user\nWeather and time in Paris?<|im_end|>\n"
@@ -855,6 +855,17 @@ def test_qwen_calls_a_tool_by_itself_and_answers_from_its_result():
     llm = LLM("qwen2.5-coder-0.5b")
     with ServerThread(create_app(llm, "qwen", max_num_seqs=2)) as srv:
         first, second, _ = two_turns(srv, "qwen", "auto", "none", max_tokens=32)
+        # enforced, the call is written with Qwen's tag tokens (special tokens in the grammar)
+        forced = openai_client(srv).chat.completions.create(
+            model="qwen",
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,  # greedy, this model would call again and again
+            temperature=0,
+            max_tokens=40,
+        )
     check_weather_call(first)
+    check_weather_call(forced)
     answer = second.choices[0].message
     assert answer.tool_calls is None and "18" in answer.content, answer
