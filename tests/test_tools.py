@@ -699,7 +699,7 @@ def test_two_turn_tool_call_with_the_openai_client(tool_server, tool_dirs):
     zone = json.loads(call.function.arguments)["zone"]
     history = [
         *ASK,
-        msg.model_dump(exclude_none=True),  # the assistant's call, as the client got it
+        msg,  # the assistant's message object, sent back as it came (null fields and all)
         {"role": "tool", "tool_call_id": call.id, "content": f"{zone} 12:00"},
     ]
     second = c.chat.completions.create(
@@ -708,6 +708,7 @@ def test_two_turn_tool_call_with_the_openai_client(tool_server, tool_dirs):
     answer = second.choices[0]
     assert answer.finish_reason in ("stop", "length") and answer.message.tool_calls is None
     llm = LLM(tool_dirs["target"], dtype="float32")
+    history[1] = msg.model_dump(exclude_none=True)
     msgs = template_messages([ChatMessage(**m) for m in history])
     ids = llm.chat_prompt(msgs, TOOLS)
     assert second.usage.prompt_tokens == len(ids)
