@@ -333,9 +333,10 @@ class LLM:
         """The tokenizer's: model rows beyond it are padding, never scored or sampled."""
         return self.tokenizer.vocab_size
 
-    def chat_prompt(self, message: str | list[dict]) -> list[int]:
-        """Token ids of a chat conversation under the model's chat template."""
-        return self.tokenizer.apply_chat_template(message)
+    def chat_prompt(self, message: str | list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a chat conversation under the model's chat template, with ``tools``
+        (OpenAI's function definitions) offered to the model."""
+        return self.tokenizer.apply_chat_template(message, tools)
 
     def metrics(self) -> dict:
         """Aggregate metrics of the last ``generate``/``generate_stream`` call (flat form;

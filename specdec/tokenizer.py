@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 
 from specdec.config import ModelConfig
+from specdec.tool_prompt import knows_tools, needs_tools, plain_messages
 
 
 class InvalidText(ValueError):
@@ -92,15 +93,32 @@ class Tokenizer:
             return False
         return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
 
-    def apply_chat_template(self, prompt: str | list[dict]) -> list[int]:
+    def chat_template(self, tools: bool = False) -> str | None:
+        """The template's source (its tool-use variant, when it has one and tools are asked)."""
+        template = getattr(self.hf, "chat_template", None)
+        if isinstance(template, dict):
+            return template.get("tool_use" if tools and "tool_use" in template else "default")
+        return template
+
+    def apply_chat_template(
+        self, prompt: str | list[dict], tools: list[dict] | None = None
+    ) -> list[int]:
+        """The prompt's ids under the chat template, ``tools`` offered to the model. A
+        template that does not render tools gets them (and the calls) written into the
+        messages (tool_prompt.py)."""
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if not getattr(self.hf, "chat_template", None):
+        template = self.chat_template(bool(tools))
+        if not template:
             raise ValueError("this model's tokenizer has no chat template")
         for i, message in enumerate(messages):
             for key, value in message.items():
                 if isinstance(value, str):
                     check_text(value, f"messages[{i}].{key}")
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if needs_tools(messages, tools) and not knows_tools(template):
+            messages, tools = plain_messages(messages, tools), None
+        out = self.hf.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True
+        )
         if isinstance(out, dict) or hasattr(out, "input_ids"):
             out = out["input_ids"]
         return list(out)

@@ -29,7 +29,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def sse(obj: Any) -> str:
     """One server-sent event: the object as compact JSON, without the null ``usage`` and
-    ``speculative`` fields or a chat delta's null fields (as OpenAI streams them)."""
+    ``speculative`` fields or a chat delta's null fields, its tool calls' too (as OpenAI
+    streams them)."""
     if hasattr(obj, "model_dump"):
         obj = obj.model_dump()
     for key in ("usage", "speculative"):
@@ -37,8 +38,16 @@ def sse(obj: Any) -> str:
             del obj[key]
     for c in obj.get("choices", []):
         if isinstance(c.get("delta"), dict):
-            c["delta"] = {k: v for k, v in c["delta"].items() if v is not None}
+            c["delta"] = _without_nulls(c["delta"])
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def _without_nulls(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_without_nulls(v) for v in obj]
+    return obj
 
 
 @dataclass

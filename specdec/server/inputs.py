@@ -83,10 +83,10 @@ def completion_prompts(prompt) -> list:
     return [prompt] if single else list(prompt)
 
 
-def chat_prompt_ids(llm, messages: list[dict]) -> list[int]:
-    """The messages under the model's chat template."""
+def chat_prompt_ids(llm, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The messages under the model's chat template, ``tools`` offered to the model."""
     try:
-        return llm.chat_prompt(messages)
+        return llm.chat_prompt(messages, tools)
     except InvalidText as exc:
         raise APIError(400, str(exc), param="messages", code="invalid_value") from exc
     except Exception as exc:  # noqa: BLE001 - template errors are the input's fault

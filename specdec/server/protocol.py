@@ -101,6 +101,8 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant's calls (checked in tools.py)
+    tool_call_id: str | None = None  # the call a tool message answers
 
     def as_template_input(self) -> dict:
         content = self.content
@@ -118,13 +120,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None  # 0..20 alternatives per token (needs logprobs)
-    tools: list[Any] | None = None
-
-    def unsupported(self) -> list[str]:
-        bad = super().unsupported()
-        if self.tools:
-            bad.append("tools")
-        return bad
+    tools: list[Any] | None = None  # checked in tools.py, which names the bad field
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -162,9 +160,21 @@ class Completion(BaseModel):
     speculative: dict[str, Any] | None = None  # extension: the request's decoding metrics
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -201,9 +211,25 @@ class ChatCompletion(BaseModel):
     speculative: dict[str, Any] | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed call: index, id, type and name (arguments "") first, then fragments of
+    its arguments (index and function.arguments only)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

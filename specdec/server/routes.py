@@ -9,6 +9,7 @@ Each route reads the engine, metrics and model from ``request.app.state`` (see `
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 
 from specdec.sequence import Sequence
 from specdec.server.async_engine import Event
+from specdec.server.errors import APIError
 from specdec.server.generation import Generation, sse
 from specdec.server.inputs import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -48,9 +50,25 @@ from specdec.server.protocol import (
     CompletionChoice,
     CompletionRequest,
     Delta,
+    FunctionCall,
+    FunctionCallDelta,
     ModelCard,
     ModelList,
+    ToolCall,
+    ToolCallDelta,
 )
+from specdec.server.tool_calls import (
+    CallStart,
+    Content,
+    Piece,
+    ToolCallFormat,
+    ToolCallParser,
+    finish_reason,
+    format_for_template,
+    parse_output,
+)
+from specdec.server.tool_grammar import call_constraint
+from specdec.server.tools import template_messages, tool_request
 
 router = APIRouter()
 
@@ -111,6 +129,62 @@ CHAT = Shape(
         ChatChunkChoice(index=j, delta=Delta(role="assistant", content="")) for j in range(n)
     ],
 )
+
+
+def _piece_delta(piece: Piece) -> Delta:
+    if isinstance(piece, Content):
+        return Delta(content=piece.text)
+    if isinstance(piece, CallStart):
+        fn = FunctionCallDelta(name=piece.name, arguments="")
+        return Delta(
+            tool_calls=[ToolCallDelta(index=piece.index, id=piece.id, type="function", function=fn)]
+        )
+    fn = FunctionCallDelta(arguments=piece.text)
+    return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fn)])
+
+
+def tool_chat(n: int, fmt: ToolCallFormat, names: frozenset[str] = frozenset()) -> Shape:
+    """The chat answer of a request that offered tools: each choice's text read by its own
+    parser, calls in ``tool_calls`` (streamed as ``delta.tool_calls``), and the finish
+    reason "tool_calls" when the model stopped after calling."""
+    parsers = [ToolCallParser(fmt, names=names) for _ in range(n)]
+
+    def deltas(ev: Event, logprobs) -> list[BaseModel]:
+        parser = parsers[ev.index]
+        pieces = parser.feed(ev.text) if ev.text else []
+        if ev.finish_reason is not None:
+            pieces += parser.finish()
+        out: list[BaseModel] = [
+            ChatChunkChoice(index=ev.index, delta=_piece_delta(p)) for p in pieces
+        ]
+        if logprobs is not None:  # the event's tokens' logprobs ride on its first chunk
+            if not out:
+                out.append(ChatChunkChoice(index=ev.index, delta=Delta()))
+            out[0].logprobs = logprobs
+        if ev.finish_reason is not None:
+            reason = finish_reason(ev.finish_reason, parser.calls)
+            out.append(ChatChunkChoice(index=ev.index, delta=Delta(), finish_reason=reason))
+        return out
+
+    def choice(i: int, text: str, reason: str | None, logprobs) -> BaseModel:
+        content, calls = parse_output(text, fmt, names=names)
+        tool_calls = [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in calls
+        ]
+        message = AssistantMessage(
+            content=content if content or not calls else None, tool_calls=tool_calls or None
+        )
+        reason = finish_reason(reason, len(calls))
+        return ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=reason)
+
+    return Shape(
+        response=ChatCompletion,
+        choice=choice,
+        chunk=ChatCompletionChunk,
+        deltas=deltas,
+        opening=CHAT.opening,
+    )
 
 
 async def respond(
@@ -244,15 +318,21 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     state = request.app.state
     n = num_choices(req, state.model_name)
     check_capacity(1, n, state.engine.max_num_seqs, state.engine.max_waiting)
+    tools = tool_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+    messages = template_messages(req.messages)
+    fmt = format_for_template(state.llm.tokenizer.chat_template(tools=True))
+    constraint = None
+    if tools.enforced:
+        _no_other_format(req)
+        constraint = await asyncio.to_thread(call_constraint, tools, state.llm.tokenizer, fmt)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    messages = [m.as_template_input() for m in req.messages]
     limit = req.max_completion_tokens
     if limit is None:
         limit = req.max_tokens
     logprobs = chat_logprobs(req, limit)
 
     def build() -> list[Sequence]:
-        ids = chat_prompt_ids(state.llm, messages)
+        ids = chat_prompt_ids(state.llm, messages, tools.offered)
         max_tokens = limit
         if max_tokens is None:  # default: the rest of the context
             max_tokens = rest_of_context(len(ids), state.engine.max_model_len)
@@ -260,9 +340,25 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         for j in range(n):
             seed = None if req.seed is None else req.seed + j
             params = sampling_params(req, max_tokens, seed, logprobs)
+            if constraint is not None:  # the answer must be a call
+                params = dataclasses.replace(params, constraint=constraint)
             seqs.append(make_sequence(state.llm, ids, params, f"{rid}-{j}", "prompt ", "messages"))
         return seqs
 
     seqs = await asyncio.to_thread(build)
     report = ChatReport(state.llm.tokenizer, seqs)
-    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), CHAT, report)
+    names = frozenset(fn["name"] for fn in tools.functions())
+    shape = tool_chat(n, fmt, names) if tools.offered else CHAT
+    return await respond(request, req, rid, seqs, len(seqs[0].prompt_ids), shape, report)
+
+
+def _no_other_format(req: ChatCompletionRequest) -> None:
+    """A required call is a grammar of its own: no response_format beside it."""
+    if req.response_format and req.response_format.get("type") not in (None, "text"):
+        raise APIError(
+            400,
+            'response_format cannot be combined with tool_choice "required" or a named '
+            "function (the answer is a tool call)",
+            param="response_format",
+            code="invalid_value",
+        )
