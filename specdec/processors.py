@@ -181,18 +181,20 @@ class Penalties:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(drafts)} drafts")
         return self.process_rows(logits, output, [drafts[:j] for j in range(len(drafts) + 1)])
 
-    def process_last(
-        self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
-    ) -> torch.Tensor:
-        return self.process_rows(logits, output, [drafts])
-
     def process_rows(
         self, logits: torch.Tensor, output: Sequence[int], extras: Sequence[Sequence[int]]
     ) -> torch.Tensor:
         """Row r of logits [R, V] at the position after output + extras[r] (a drafter's
         branches; ``process`` is the case extras[j] = drafts[:j])."""
+        job = Job([self], output, list(range(len(extras))), list(extras))
+        return process_jobs(logits, [job])
+
+    def _columns(self, output: Sequence[int], extras: Sequence[Sequence[int]]):
+        """The columns the rows touch: token ids [W], each row's count of each [R, W] (the
+        output's plus its own extras), and whether each was in the prompt and its bias [W]."""
         self._count_output(output)
-        ids = list(self._ids)
+        ids = self._ids
+        n_static = len(ids)
         col = self._col
         extra_cols: dict[int, int] = {}
         rows, cols = [], []
@@ -202,42 +204,116 @@ class Penalties:
                 if c is None:
                     c = extra_cols.get(t)
                     if c is None:
-                        c = extra_cols[t] = len(ids)
-                        ids.append(t)
+                        c = extra_cols[t] = n_static + len(extra_cols)
                 rows.append(r)
                 cols.append(c)
-        if not ids:
-            return logits
-        width, n_static = len(ids), len(self._ids)
+        if extra_cols:
+            ids = ids + list(extra_cols)
+        width = len(ids)
         count = np.zeros((len(extras), width))
         count[:, :n_static] = self._count
-        np.add.at(count, (rows, cols), 1.0)
-        index = torch.tensor(ids, dtype=torch.int64)
-        x = logits[:, index].double().numpy()
-        if self._bias.any():
-            x[:, :n_static] += self._bias
-        if self.repetition != 1.0:
-            seen = count > 0
-            seen[:, :n_static] |= self._in_prompt
-            r = self.repetition
-            x = np.where(seen, np.where(x > 0, x / r, x * r), x)
-        if self.frequency:
-            x -= self.frequency * count
-        if self.presence:
-            x -= self.presence * (count > 0)
-        out = logits.clone()
-        out[:, index] = torch.from_numpy(x).to(out.dtype)
-        return out
+        if rows:
+            np.add.at(count, (rows, cols), 1.0)
+        in_prompt, bias = self._in_prompt, self._bias
+        if width > n_static:
+            in_prompt = np.concatenate([in_prompt, np.zeros(width - n_static, dtype=bool)])
+            bias = np.concatenate([bias, np.zeros(width - n_static)])
+        return ids, count, in_prompt, bias
+
+    @staticmethod
+    def process_jobs(logits: torch.Tensor, jobs: list[Job]) -> None:
+        """Every job's rows of logits [N, V] in place, all at once: each job's touched
+        (row, token) entries side by side with their own penalties, one gather, the
+        arithmetic, one scatter."""
+        parts: dict[str, list] = {k: [] for k in ("row", "tok", "count", "prompt", "bias")}
+        params, sizes = [], []
+        for job in jobs:
+            (pen,) = job.processors
+            ids, count, in_prompt, bias = pen._columns(job.output, job.extras)
+            n_rows, width = count.shape
+            if not width:
+                continue
+            parts["row"].append(np.repeat(np.asarray(job.rows, dtype=np.int64), width))
+            parts["tok"].append(np.tile(np.asarray(ids, dtype=np.int64), n_rows))
+            parts["count"].append(count.ravel())
+            parts["prompt"].append(np.tile(in_prompt, n_rows))
+            parts["bias"].append(np.tile(bias, n_rows))
+            params.append((pen.presence, pen.frequency, pen.repetition))
+            sizes.append(n_rows * width)
+        if not sizes:
+            return
+        row, tok, count, in_prompt, bias = (np.concatenate(parts[k]) for k in parts)
+        presence, frequency, r = np.repeat(np.array(params), sizes, axis=0).T
+        index = (torch.from_numpy(row), torch.from_numpy(tok))
+        x = logits[index].double().numpy() + bias
+        seen = (count > 0) | in_prompt
+        x = np.where(seen & (r != 1.0), np.where(x > 0, x / r, x * r), x)
+        x -= frequency * count + presence * (count > 0)
+        logits[index] = torch.from_numpy(x).to(logits.dtype)
 
 
-# -- applying a sequence's processors --------------------------------------------------------
-def process(
-    processors: Sequence, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
-) -> torch.Tensor:
-    """``processors`` in order on logits [len(drafts) + 1, V] (row j after drafts[:j])."""
-    for p in processors:
-        logits = p.process(logits, output, drafts)
+# -- applying processors -----------------------------------------------------------------------
+@dataclass
+class Job:
+    """Some rows of a logits matrix that follow one sequence: row ``rows[i]`` sits at the
+    position after ``output`` + ``extras[i]``. ``drafts``: set when the rows are a verify
+    call's, extras[j] = drafts[:j] (processors then get their ``process`` call)."""
+
+    processors: Sequence
+    output: Sequence[int]
+    rows: list[int]
+    extras: list[Sequence[int]]
+    drafts: Sequence[int] | None = None
+
+
+def process_jobs(logits: torch.Tensor, jobs: list[Job]) -> torch.Tensor:
+    """``logits`` [N, V] with every job's rows through its processors (a new tensor; the
+    same one if no job has any). Jobs whose processors are just the penalties are done
+    together in one pass (``Penalties.process_jobs``); others one by one."""
+    jobs = [j for j in jobs if j.processors]
+    if not jobs:
+        return logits
+    logits = logits.clone()
+    together = [j for j in jobs if _just_penalties(j)]
+    if together:
+        Penalties.process_jobs(logits, together)
+    for job in jobs:
+        if _just_penalties(job):
+            continue
+        rows = logits[job.rows]
+        for p in job.processors:
+            rows = _one(p, rows, job)
+        logits[job.rows] = rows
     return logits
+
+
+def _just_penalties(job: Job) -> bool:
+    return len(job.processors) == 1 and type(job.processors[0]) is Penalties
+
+
+def _one(p, rows: torch.Tensor, job: Job) -> torch.Tensor:
+    """One processor on one job's rows: ``process`` for a verify call, else ``process_rows``
+    if it has one, else ``process`` row by row with filler rows before the one that matters."""
+    if job.drafts is not None:
+        return p.process(rows, job.output, job.drafts)
+    many = getattr(p, "process_rows", None)
+    if many is not None:
+        return many(rows, job.output, job.extras)
+    out = []
+    for r, extra in enumerate(job.extras):
+        full = rows[r : r + 1].expand(len(extra) + 1, -1).contiguous()
+        out.append(p.process(full, job.output, extra)[-1:])
+    return torch.cat(out)
+
+
+def process_rows(
+    processors: Sequence,
+    logits: torch.Tensor,
+    output: Sequence[int],
+    extras: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """``processors`` on logits [R, V], row r at the position after output + extras[r]."""
+    return process_jobs(logits, [Job(processors, output, list(range(len(extras))), list(extras))])
 
 
 def process_last(
@@ -248,29 +324,6 @@ def process_last(
     return process_rows(processors, logits, output, [drafts])
 
 
-def process_rows(
-    processors: Sequence,
-    logits: torch.Tensor,
-    output: Sequence[int],
-    extras: Sequence[Sequence[int]],
-) -> torch.Tensor:
-    """``processors`` on logits [R, V], row r at the position after output + extras[r] (the
-    branches of a drafter's tree). A processor's own ``process_rows`` does all rows at once;
-    otherwise each row goes through ``process`` with the row repeated len(extras[r]) + 1
-    times (a row is processed as if alone: the others are filler)."""
-    for p in processors:
-        many = getattr(p, "process_rows", None)
-        if many is not None:
-            logits = many(logits, output, extras)
-            continue
-        rows = []
-        for r, extra in enumerate(extras):
-            full = logits[r : r + 1].expand(len(extra) + 1, -1).contiguous()
-            rows.append(p.process(full, output, extra)[-1:])
-        logits = torch.cat(rows)
-    return logits
-
-
 def process_sequences(
     logits: torch.Tensor, seqs: Sequence, drafts: Sequence[Sequence[int]] | None = None
 ) -> torch.Tensor:
@@ -279,12 +332,12 @@ def process_sequences(
     ``logits`` itself is returned when no sequence has any."""
     if not any(s.processors for s in seqs):
         return logits
-    logits = logits.clone()
-    for b, s in enumerate(seqs):
-        if s.processors:
-            d = () if drafts is None else drafts[b]
-            logits[b] = process_last(s.processors, logits[b : b + 1], s.output_ids, d)[0]
-    return logits
+    jobs = [
+        Job(s.processors, s.output_ids, [b], [() if drafts is None else drafts[b]])
+        for b, s in enumerate(seqs)
+        if s.processors
+    ]
+    return process_jobs(logits, jobs)
 
 
 def process_verify_rows(
@@ -294,13 +347,14 @@ def process_verify_rows(
     follows its output and drafts[b, :j], for j <= k[b] (later rows are padding)."""
     if not any(s.processors for s in seqs):
         return logits
-    logits = logits.clone()
+    bsz, width, vocab = logits.shape
+    jobs = []
     for b, s in enumerate(seqs):
         if s.processors:
-            kb = int(k[b])
-            d = drafts[b, :kb].tolist()
-            logits[b, : kb + 1] = process(s.processors, logits[b, : kb + 1], s.output_ids, d)
-    return logits
+            d = drafts[b, : int(k[b])].tolist()
+            rows = [b * width + j for j in range(len(d) + 1)]
+            jobs.append(Job(s.processors, s.output_ids, rows, [d[:j] for j in range(len(rows))], d))
+    return process_jobs(logits.reshape(bsz * width, vocab), jobs).reshape(bsz, width, vocab)
 
 
 def check_penalty(name: str, value, low: float, high: float | None = None) -> str | None:

@@ -18,11 +18,14 @@ from server_utils import ServerThread
 from stats import chi_square_pvalue, exact_sequence_probs, penalized_logits, seeded
 
 from specdec import LLM, SamplingParams, sequence
+from specdec.decoders import speculative
 from specdec.processors import (
+    Job,
     LogitsProcessor,
     Penalties,
     TokenVocabulary,
     build_processors,
+    process_jobs,
     process_last,
 )
 from specdec.server.app import create_app
@@ -303,10 +306,16 @@ def test_chi_square_rejects_penalties_that_forget_the_drafts(tiny_dirs, methods,
     """Power: the same test fails for a verifier whose rows count only the committed output
     (a token drafted earlier in the round is not penalized at the later rows)."""
 
-    def forgetful(self, logits, output, drafts):
-        return self.process_rows(logits, output, [()] * logits.shape[0])
+    def forgetful(logits, seqs, drafts, k):  # every row penalized after the output alone
+        bsz, width, vocab = logits.shape
+        jobs = [
+            Job(s.processors, s.output_ids, [b * width + j for j in range(kb + 1)], [()] * (kb + 1))
+            for b, (s, kb) in enumerate(zip(seqs, k.tolist()))
+            if s.processors
+        ]
+        return process_jobs(logits.reshape(-1, vocab), jobs).reshape(logits.shape)
 
-    monkeypatch.setattr(Penalties, "process", forgetful)
+    monkeypatch.setattr(speculative, "process_verify_rows", forgetful)
     llm = methods["sd-k3"]
     params = SamplingParams(
         temperature=1.0, max_tokens=LENGTH, sampler="rejection", presence_penalty=2.0, top_k=3

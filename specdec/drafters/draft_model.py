@@ -18,7 +18,7 @@ from specdec.drafters.draft_loop import draft_tokens
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.platform import release_freed_memory
-from specdec.processors import process_rows
+from specdec.processors import Job, process_jobs
 from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
@@ -51,26 +51,27 @@ def process_draft_logits(logits: torch.Tensor, model: Transformer, rows: list) -
     processed together. Processors see full-vocabulary logits (token ids); a row they leave
     with no allowed token of a restricted head keeps its raw logits (the draft then proposes
     tokens the target may reject: slower, still exact)."""
-    if not any(rows):
+    need = [r for r, row in enumerate(rows) if row]
+    if not need:
         return logits
-    groups: dict[int, list[int]] = {}
-    for r, row in enumerate(rows):
-        if row:
-            groups.setdefault(id(row[0]), []).append(r)
-    head_ids = getattr(model, "head_ids", None)
-    out = logits.clone()
+    groups: dict[int, list[int]] = {}  # by processors: one job per sequence
+    for i, r in enumerate(need):
+        groups.setdefault(id(rows[r][0]), []).append(i)
+    jobs = []
     for members in groups.values():
-        processors, output, _ = rows[members[0]]
-        x = logits[members]
-        if head_ids is not None:
-            x = expand_logits(x, head_ids, model.config.vocab_size)
-        x = process_rows(processors, x, output, [rows[r][2] for r in members])
-        if head_ids is not None:
-            x = x[:, head_ids]
-            dead = torch.isneginf(x).all(-1)
-            if dead.any():
-                x[dead] = logits[members][dead]
-        out[members] = x
+        processors, output, _ = rows[need[members[0]]]
+        jobs.append(Job(processors, output, members, [rows[need[i]][2] for i in members]))
+    head_ids = getattr(model, "head_ids", None)
+    raw = logits[need]
+    x = raw if head_ids is None else expand_logits(raw, head_ids, model.config.vocab_size)
+    x = process_jobs(x, jobs)
+    if head_ids is not None:
+        x = x[:, head_ids]
+        dead = torch.isneginf(x).all(-1)
+        if dead.any():
+            x[dead] = raw[dead]
+    out = logits.clone()
+    out[need] = x
     return out
 
 
