@@ -216,7 +216,7 @@ def _events(text: str, cuts: list[int], reason: str) -> list[Event]:
 
 
 def test_streamed_tool_call_chunks_reassemble_to_the_message():
-    whole = tool_chat(1, HERMES).choice(0, TEXT, "stop").model_dump()
+    whole = tool_chat(1, HERMES).choice(0, TEXT, "stop", None).model_dump()
     msg = whole["message"]
     assert whole["finish_reason"] == "tool_calls" and msg["content"] == "Let me look that up."
     assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather", "get_time"]
@@ -225,7 +225,7 @@ def test_streamed_tool_call_chunks_reassemble_to_the_message():
     shape = tool_chat(1, HERMES)
     chunks = []
     for ev in _events(TEXT, [5, 30, 31, 60, 90, 140, 141, 200], "stop"):
-        for choice in shape.deltas(ev):
+        for choice in shape.deltas(ev, None):
             body = shape.chunk(id="x", created=0, model="m", choices=[choice])
             chunks.append(json.loads(sse(body).removeprefix("data: ")))
     content, calls, reasons = "", {}, []
@@ -251,7 +251,7 @@ def test_streamed_tool_call_chunks_reassemble_to_the_message():
 
 def test_an_answer_without_calls_is_plain_content():
     shape = tool_chat(1, HERMES)
-    whole = shape.choice(0, "Hello there.", "stop").model_dump()
+    whole = shape.choice(0, "Hello there.", "stop", None).model_dump()
     assert whole["message"] == {"role": "assistant", "content": "Hello there.", "tool_calls": None}
     assert whole["finish_reason"] == "stop"
 
