@@ -391,3 +391,22 @@ def test_penalized_request_through_openai_matches_the_python_api(server, tiny_ll
     )
     ids = tiny_llm.chat_prompt([{"role": "user", "content": "w3 w4 w5"}])
     assert chat.choices[0].message.content == tiny_llm.generate([ids], params)[0].text
+
+
+def test_cli_sampling_flags():
+    import argparse
+
+    from specdec.cli.args import add_sampling_args, sampling_from_args
+
+    parser = argparse.ArgumentParser()
+    add_sampling_args(parser)
+    args = parser.parse_args(
+        ["--presence-penalty", "0.5", "--frequency-penalty", "-1", "--repetition-penalty", "1.2"]
+        + ["--logit-bias", "5:1.5,7:-100"]
+    )
+    params = sampling_from_args(args)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.0)
+    assert params.repetition_penalty == 1.2 and params.logit_bias == {5: 1.5, 7: -100.0}
+    assert sampling_from_args(parser.parse_args([])).logit_bias is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--logit-bias", "5"])
