@@ -146,6 +146,9 @@ def make_sequence(
     try:
         return llm.make_request(prompt, params, request_id)
     except ValueError as exc:
+        if str(exc).startswith("invalid constraint"):  # a grammar this tokenizer cannot speak
+            msg = str(exc).replace("invalid constraint", "invalid response_format", 1)
+            raise APIError(400, msg, param="response_format", code="invalid_value") from exc
         msg = str(exc).replace("prompt 0 ", label, 1)
         code = "context_length_exceeded" if "context" in msg else "invalid_value"
         raise APIError(400, msg, param=param, code=code) from exc
