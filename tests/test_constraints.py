@@ -414,6 +414,7 @@ UNSUPPORTED = {"type": "object", "not": {"required": ["a"]}}  # llguidance canno
         ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema"),
         ({"type": "yaml"}, "yaml"),
         ({"type": "grammar", "grammar": "start: ("}, "grammar"),
+        ({"type": "grammar", "grammar": 'start: <tool_call> "a"'}, "tool_call"),  # no such token
     ],
 )
 @pytest.mark.parametrize("route", ["chat", "completions"])
@@ -490,3 +491,39 @@ def test_real_model_output_validates_against_the_schema(smollm2_path, method):
         value = json.loads(o.text)
         jsonschema.validate(value, PROFILE)
         assert list(value) == list(PROFILE["properties"])
+
+
+@pytest.mark.real
+def test_rollback_on_a_real_vocabulary(smollm2_path):
+    """SmolLM2's 49k tokens and the profile schema (strings, numbers, an enum, an array):
+    along a random valid output, process() over random drafts (valid runs, then anything,
+    EOS included) leaves the matcher as it was, and its masks equal a fresh matcher's."""
+    tok = Tokenizer(smollm2_path)
+    spec = {"type": "json_schema", "schema": PROFILE}
+    c, walker = (GrammarConstraint.from_spec(spec, tok) for _ in range(2))
+    vocab, eos = tok.vocab_size, set(tok.eos_token_ids)
+    rng = random.Random(1)
+    out: list[int] = []
+    for step in range(200):
+        before = c.allowed(out, [], vocab)
+        if step % 10 == 0:
+            fresh = GrammarConstraint.from_spec(spec, tok)
+            assert torch.equal(before, fresh.allowed(out, [], vocab))
+        drafts: list[int] = []
+        for _ in range(rng.randrange(1, 6)):
+            ok = walker.allowed(out + drafts, [], vocab)[0].nonzero().flatten().tolist()
+            valid = rng.random() < 0.8 and ok
+            drafts.append(rng.choice(ok) if valid else rng.randrange(vocab))
+        rows = c.process(torch.zeros(len(drafts) + 1, vocab), out, drafts)
+        assert torch.equal(torch.isfinite(rows[0]), before[0])
+        assert torch.equal(c.allowed(out, [], vocab), before)
+        choices = [t for t in before[0].nonzero().flatten().tolist() if t not in eos]
+        if not choices:
+            break
+        out.append(rng.choice(choices))
+    assert set(before[0].nonzero().flatten().tolist()) <= eos, "the walk reached the end"
+    import json
+
+    import jsonschema
+
+    jsonschema.validate(json.loads(tok.decode(out)), PROFILE)

@@ -233,6 +233,9 @@ def make_sequence(
         named = next((p for p in _SAMPLING_FIELDS if field.startswith(p)), None)
         if field != str(exc) and named is not None:
             raise APIError(400, str(exc), param=named, code="invalid_value") from exc
+        if str(exc).startswith("invalid constraint"):  # a grammar this tokenizer cannot speak
+            msg = str(exc).replace("invalid constraint", "invalid response_format", 1)
+            raise APIError(400, msg, param="response_format", code="invalid_value") from exc
         msg = str(exc).replace("prompt 0 ", label, 1)
         code = "context_length_exceeded" if "context" in msg else "invalid_value"
         raise APIError(400, msg, param=param, code=code) from exc
