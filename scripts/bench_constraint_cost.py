@@ -64,7 +64,7 @@ class Stopwatch:
 
     def __init__(self):
         self.seconds = 0.0
-        for name in ("process", "process_last"):
+        for name in ("process", "process_rows"):
             setattr(GrammarConstraint, name, self._timed(getattr(GrammarConstraint, name)))
 
     def _timed(self, fn):

@@ -235,40 +235,34 @@ class GrammarConstraint:
         drafts[:j]."""
         if logits.shape[0] != len(drafts) + 1:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(drafts)} drafts")
-        return _masked(logits, self._allowed(output, drafts, logits.shape[-1], False))
+        return _masked(logits, self._allowed(output, drafts, logits.shape[-1]))
 
-    def process_last(
-        self, logits: torch.Tensor, output: Sequence[int], drafts: Sequence[int]
+    def process_rows(
+        self, logits: torch.Tensor, output: Sequence[int], extras: Sequence[Sequence[int]]
     ) -> torch.Tensor:
-        """``logits`` [1, V] masked for the position after output + ALL of drafts (a
-        drafter's next token)."""
-        return _masked(logits, self._allowed(output, drafts, logits.shape[-1], True))
+        """Row r of ``logits`` [R, V] masked for the position after output + extras[r] (a
+        drafter's next token, for each of its branches)."""
+        return _masked(logits, self._rows_allowed(output, extras, logits.shape[-1]))
 
     # -- masks --------------------------------------------------------------------------------
-    def allowed(
-        self, output: Sequence[int], drafts: Sequence[int], width: int, last_only: bool = False
-    ) -> torch.Tensor:
-        """bool [len(drafts) + 1, width] (or [1, width] with ``last_only``): the tokens allowed
-        after output + drafts[:j]. The matcher ends where it started (drafts rolled back)."""
-        return torch.from_numpy(self._allowed(output, drafts, width, last_only))
+    def allowed(self, output: Sequence[int], drafts: Sequence[int], width: int) -> torch.Tensor:
+        """bool [len(drafts) + 1, width]: the tokens allowed after output + drafts[:j]. The
+        matcher ends where it started (drafts rolled back)."""
+        return torch.from_numpy(self._allowed(output, drafts, width))
 
-    def _allowed(self, output, drafts, width: int, last_only: bool) -> np.ndarray:
-        # numpy throughout: single-threaded, no thread-pool handoff per small operation
+    # numpy throughout: single-threaded, no thread-pool handoff per small operation
+    def _allowed(self, output, drafts, width: int) -> np.ndarray:
         self._sync(output)
         n = len(drafts) + 1
-        first = n - 1 if last_only else 0  # the first row wanted
         bits = np.zeros((n, self._words), dtype=np.int32)
         accepting = np.zeros(n, dtype=bool)
         eos_only = np.zeros(n, dtype=bool)  # rows past a draft that ends or leaves the grammar
         m = self.matcher
         taken = 0
         for j in range(n):
-            if j > 0:  # advance through d_j, if the grammar allows it and it does not stop
+            if j > 0:  # advance through d_j if row j - 1 allows it (and it does not stop)
                 d = int(drafts[j - 1])
-                if j - 1 >= first:
-                    ok = d < self.n_vocab and bool((int(bits[j - 1, d // 32]) >> (d % 32)) & 1)
-                else:
-                    ok = d < self.n_vocab and m.validate_tokens([d]) == 1
+                ok = d < self.n_vocab and bool((int(bits[j - 1, d // 32]) >> (d % 32)) & 1)
                 if d in self.stop_ids or not ok or not m.consume_token(d):
                     eos_only[j:] = True
                     break
@@ -276,12 +270,38 @@ class GrammarConstraint:
             if self._ended or self._stuck:
                 eos_only[j:] = True
                 break
-            if j >= first:
-                m.unsafe_compute_mask_ptr(bits[j].ctypes.data, self._words * 4)
-                accepting[j] = m.is_accepting()
-        if taken and not m.rollback(taken):
+            m.unsafe_compute_mask_ptr(bits[j].ctypes.data, self._words * 4)
+            accepting[j] = m.is_accepting()
+        self._rollback(taken)
+        return self._unpack(bits, accepting, eos_only, width)
+
+    def _rows_allowed(self, output, extras, width: int) -> np.ndarray:
+        self._sync(output)
+        n = len(extras)
+        bits = np.zeros((n, self._words), dtype=np.int32)
+        accepting = np.zeros(n, dtype=bool)
+        eos_only = np.zeros(n, dtype=bool)
+        m = self.matcher
+        for r, extra in enumerate(extras):
+            taken, ok = 0, not (self._ended or self._stuck)
+            for d in extra if ok else ():
+                d = int(d)
+                ok = d not in self.stop_ids and d < self.n_vocab and m.validate_tokens([d]) == 1
+                if not ok or not m.consume_token(d):
+                    ok = False
+                    break
+                taken += 1
+            if ok:
+                m.unsafe_compute_mask_ptr(bits[r].ctypes.data, self._words * 4)
+                accepting[r] = m.is_accepting()
+            else:
+                eos_only[r] = True
+            self._rollback(taken)
+        return self._unpack(bits, accepting, eos_only, width)
+
+    def _rollback(self, taken: int) -> None:
+        if taken and not self.matcher.rollback(taken):
             raise RuntimeError(f"grammar matcher could not roll back {taken} tokens")
-        return self._unpack(bits[first:], accepting[first:], eos_only[first:], width)
 
     def _sync(self, output: Sequence[int]) -> None:
         """Advance the matcher through the output committed since the last call (first going

@@ -157,6 +157,24 @@ def test_rollback_leaves_the_matcher_as_it_was(tok):
         assert torch.equal(before, GrammarConstraint.from_spec(ARRAY, tok).allowed(out, [], 16))
 
 
+def test_process_rows_equal_the_last_row_of_process(tok):
+    """A drafter's branches (process_rows: row r after output + extras[r]) are masked as the
+    verify call masks the row after the same drafts; then the matcher is as it was."""
+    c = GrammarConstraint.from_spec(ARRAY, tok)
+    rng = random.Random(2)
+    for _ in range(100):
+        out = [T["["]] if rng.random() < 0.8 else []
+        extras = [[rng.randrange(16) for _ in range(rng.randrange(4))] for _ in range(5)]
+        extras += [[T["1"], T[","]], []]
+        before = c.allowed(out, [], 16)
+        logits = torch.randn(len(extras), 16)
+        rows = c.process_rows(logits, out, extras)
+        for r, extra in enumerate(extras):
+            want = c.process(logits[r : r + 1].expand(len(extra) + 1, -1), out, extra)[-1]
+            assert torch.equal(rows[r], want), (names(out), names(extra))
+        assert torch.equal(c.allowed(out, [], 16), before)
+
+
 def test_a_rewritten_history_is_followed(tok):
     """SSD's worker rewrites the tail of a sequence's history: the constraint goes back."""
     c = GrammarConstraint.from_spec(ARRAY, tok)
@@ -516,6 +534,8 @@ def test_rollback_on_a_real_vocabulary(smollm2_path):
             drafts.append(rng.choice(ok) if valid else rng.randrange(vocab))
         rows = c.process(torch.zeros(len(drafts) + 1, vocab), out, drafts)
         assert torch.equal(torch.isfinite(rows[0]), before[0])
+        branches = c.process_rows(torch.zeros(2, vocab), out, [drafts[:1], drafts])
+        assert torch.equal(branches, rows[[1, -1]])  # a drafter's branches, masked alike
         assert torch.equal(c.allowed(out, [], vocab), before)
         choices = [t for t in before[0].nonzero().flatten().tolist() if t not in eos]
         if not choices:
