@@ -120,14 +120,18 @@ def test_every_method_gives_the_ar_text_for_a_seed(ar, methods, setting):
         assert llm.generate([PROMPTS[1]], params[5])[0].token_ids == want[5], name
         streamed = "".join(llm.generate_stream(PROMPTS[1], params[5]))
         assert streamed == alone.text, name
-        assert sum(o.metrics["accepted_tokens"] for o in outs[:12]) > 0, name
+        if name != "sd-adaptive":  # it may rightly stop drafting: these tiny models cost alike
+            assert sum(o.metrics["accepted_tokens"] for o in outs[:12]) > 0, name
 
 
-def test_auto_sampler_is_coupled_with_a_seed(ar, methods):
+def test_auto_sampler_is_coupled_with_a_seed(ar, tiny_dirs):
+    """A fresh adaptive decoder explores K = 4 first, so drafts are verified by coupling."""
     params = SamplingParams(temperature=1.0, max_tokens=24, seed=3, ignore_eos=True)
-    want = ar.generate(PROMPTS, params)
-    got = methods["sd-adaptive"].generate(PROMPTS, params)
+    want = ar.generate(PROMPTS * 3, params)
+    llm = LLM(tiny_dirs["v16"], draft_model=tiny_dirs["v16_draft"], method="sd", dtype="float32")
+    got = llm.generate(PROMPTS * 3, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert sum(o.metrics["accepted_tokens"] for o in got) > 0
 
 
 def test_unseeded_requests_draw_fresh_seeds_and_report_them(ar, methods):
