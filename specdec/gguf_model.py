@@ -1,7 +1,8 @@
 """Read a GGUF file natively: the model config from its metadata, its tensors by role.
 
-Quantized matrices stay in the file's own block layout (``kernels.gguf.PackedWeight``), made
-from the memory-mapped bytes without a copy. Everything a user can get wrong (not a GGUF file,
+Quantized matrices stay in the file's own block layout (``kernels.gguf.PackedWeight``), their
+bytes copied once into huge pages (``hugepages``; neighbours of one type, q|k and gate|up, into
+one matrix); the embedding table stays in the memory-mapped file. Everything a user can get wrong (not a GGUF file,
 truncated data, an architecture or quantization type we cannot run, shapes that disagree with
 the metadata) is checked when the file is opened, before any weight is read, and reported in
 one line naming the file and the tensor.
@@ -21,6 +22,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from specdec.config import ModelConfig, UnsupportedModelError
 from specdec.kernels import gguf as gguf_kernels
+from specdec.hugepages import ALIGN, Arena
 from specdec.ops import FusedWeight, LinearWeight
 
 T = GGMLQuantizationType
@@ -182,6 +184,22 @@ class GGUFFile:
             )
         return TensorInfo(name, qtype, shape, offset, nbytes)
 
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Copy a tensor's bytes into ``out`` (uint8, contiguous, its size) by reading the file,
+        so that its pages are not mapped into the process (``hugepages``)."""
+        t = self.tensors[name]
+        view = memoryview(out.numpy()).cast("B")
+        if len(view) != t.nbytes:
+            raise ValueError(f"{name} has {t.nbytes} bytes, the buffer {len(view)}")
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(t.offset)
+            got = 0
+            while got < t.nbytes:
+                n = fh.readinto(view[got:])
+                if not n:
+                    raise GGUFError(f"{self.path}: tensor {name} is cut short: truncated file")
+                got += n
+
     def raw(self, name: str) -> torch.Tensor:
         """A tensor's rows as stored: [rows, row_bytes] uint8, a view of the mapped file."""
         t = self.tensors[name]
@@ -327,6 +345,12 @@ class _WeightBuilder:
         self.int8_x = mode == "native"
         self.dtype = None if self.native else mode
         self.device = device
+        # natively on a CPU, matrices are copied into huge pages (``hugepages``): an upper
+        # bound of their bytes, committed only as written
+        self.arena = None
+        if self.native and device.type == "cpu":
+            quantized = [t for t in model.tensors.values() if t.qtype not in DENSE]
+            self.arena = Arena(sum(t.nbytes + ALIGN for t in quantized))
 
     # -- raw rows -----------------------------------------------------------------------------
     def _rows(self, name: str, select: torch.Tensor | None = None) -> tuple[T, torch.Tensor]:
@@ -368,31 +392,63 @@ class _WeightBuilder:
         qtype, data = self._rows(name)
         return self._dense(qtype, data).reshape(-1).to(self.device).contiguous()
 
-    def linear(self, names: list[str], bias=None, select=None) -> LinearWeight | FusedWeight:
-        """One product over matrices ``names`` stacked along the output. Natively each stays
-        where it is in the mapped file (no copy), a part of a ``FusedWeight``."""
-        parts = [self._rows(n, select) for n in names]
+    def linear(
+        self, names: list[str], bias=None, select=None, copy: bool = True
+    ) -> LinearWeight | FusedWeight:
+        """One product over matrices ``names`` stacked along the output. Natively, neighbours
+        of one type become one matrix (q|k, gate|up: one call of one kernel) copied into the
+        arena; matrices of different types are the parts of a ``FusedWeight``. ``copy=False``
+        leaves them in the mapped file (the embedding: a few rows read per token)."""
         if not self.native:
+            parts = [self._rows(n, select) for n in names]
             w = torch.cat([self._dense(q, d) for q, d in parts])
             return LinearWeight(w.to(self.device, self.dtype).contiguous(), bias)
-        packed = [self._native(qtype, rows) for qtype, rows in parts]
+        runs: list[list[str]] = []
+        for n in names:
+            if runs and self.m.tensors[runs[-1][-1]].qtype == self.m.tensors[n].qtype:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        packed = [self._native(run, select, copy) for run in runs]
         if len(packed) == 1:
             packed[0].bias = bias
             return packed[0]
         return FusedWeight(packed, bias)
 
-    def _native(self, qtype: T, rows: torch.Tensor) -> LinearWeight:
+    def _native(self, names: list[str], select, copy: bool) -> LinearWeight:
+        """Matrices of one type, stacked along the output, as one LinearWeight."""
+        qtype = self.m.tensors[names[0]].qtype
         if qtype in DENSE:  # our kernels multiply fp32 and bf16; fp16 widens to fp32 exactly
             keep = torch.bfloat16 if qtype == T.BF16 else torch.float32
-            return LinearWeight(rows.to(keep).contiguous())
+            return LinearWeight(torch.cat([self._rows(n, select)[1].to(keep) for n in names]))
+        if self.arena is None or not copy:
+            rows = torch.cat([self._rows(n, select)[1] for n in names])
+        else:
+            rows = self._copied(names, select)
         block, size = GGML_QUANT_SIZES[qtype]
         in_features = rows.shape[1] // size * block
-        w = gguf_kernels.pack(int(qtype), rows.contiguous(), rows.shape[0], in_features)
+        w = gguf_kernels.pack(int(qtype), rows, rows.shape[0], in_features)
         return LinearWeight(w, int8_x=self.int8_x)
 
-    def embedding(self):
-        lw = self.linear(["token_embd.weight"])
-        return lw.weight
+    def _copied(self, names: list[str], select) -> torch.Tensor:
+        """The rows of ``names`` one after another in the arena, [rows, row_bytes]."""
+        infos = [self.m.tensors[n] for n in names]
+        row_bytes = infos[0].nbytes // int(np.prod(infos[0].shape[:-1], dtype=np.int64))
+        counts = [len(select) if select is not None else t.shape[0] for t in infos]
+        out = self.arena.take(sum(counts) * row_bytes).view(-1, row_bytes)
+        at = 0
+        for name, n in zip(names, counts):
+            dest = out[at : at + n]
+            if select is None and self._qk_permutation(name, n) is None:
+                self.m.file.read_into(name, dest)  # straight from the file, never mapped
+            else:
+                dest.copy_(self._rows(name, select)[1])
+            at += n
+        return out
+
+    def embedding(self, is_head: bool):
+        """The token embeddings; in the mapped file unless they also serve as the head."""
+        return self.linear(["token_embd.weight"], copy=is_head).weight
 
     def concat_bias(self, names: list[str], sizes: list[int]) -> torch.Tensor | None:
         vals = [self.vec(n) for n in names]
@@ -424,7 +480,7 @@ class _WeightBuilder:
                 layer["q_norm"] = self.vec(p + "attn_q_norm.weight")
                 layer["k_norm"] = self.vec(p + "attn_k_norm.weight")
             layers.append(layer)
-        embed = self.embedding()
+        embed = self.embedding(is_head=head_ids is None and c.tie_word_embeddings)
         head_name = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
         if head_ids is None and c.tie_word_embeddings:
             lm_head = LinearWeight(embed, int8_x=self.int8_x)  # one copy serves both

@@ -7,7 +7,7 @@ same math in the model's dtype. The model calls only these functions, so it neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,13 @@ class LinearWeight:
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     int8_x: bool = False
+    _stack: gguf_kernels.Stack | None = field(default=None, repr=False, compare=False)
+
+    def stack(self) -> gguf_kernels.Stack:
+        """A GGUF matrix as a one-part ``Stack`` (built once)."""
+        if self._stack is None:
+            self._stack = gguf_kernels.Stack([self.weight])
+        return self._stack
 
     @property
     def out_features(self) -> int:
@@ -65,6 +72,17 @@ class FusedWeight:
 
     parts: list[LinearWeight]  # without biases
     bias: torch.Tensor | None = None
+    _stack: gguf_kernels.Stack | None = field(default=None, repr=False, compare=False)
+
+    def stack(self) -> gguf_kernels.Stack | None:
+        """All parts as one GGUF ``Stack`` (one kernel call), if they all are GGUF matrices
+        with the same activation mode."""
+        if self._stack is None and all(
+            isinstance(p.weight, gguf_kernels.PackedWeight) and p.int8_x == self.parts[0].int8_x
+            for p in self.parts
+        ):
+            self._stack = gguf_kernels.Stack([p.weight for p in self.parts])
+        return self._stack
 
     @property
     def out_features(self) -> int:
@@ -127,16 +145,21 @@ def quantize_x_int8(x: torch.Tensor) -> torch.Tensor:
 def _linear_packed(x: torch.Tensor, lw: LinearWeight, out: torch.Tensor | None = None):
     """A GGUF matrix (the GGUF kernels fall back to torch by themselves where ours are off).
     ``out``: a column slice of a wider output to write into."""
-    w = lw.weight
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1]).contiguous().float()
-    y = gguf_kernels.linear(x2, w, lw.bias, out=out, int8_x=lw.int8_x)
-    return y if out is not None else y.view(*shape[:-1], w.out_features)
+    x2 = x.reshape(-1, shape[-1]).float()
+    if out is not None:
+        return gguf_kernels.linear(x2.contiguous(), lw.weight, lw.bias, out=out, int8_x=lw.int8_x)
+    y = gguf_kernels.linear_stack(x2, lw.stack(), lw.bias, lw.int8_x)
+    return y.view(*shape[:-1], lw.weight.out_features)
 
 
 def _linear_fused(x: torch.Tensor, fw: FusedWeight) -> torch.Tensor:
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    stack = fw.stack()
+    if stack is not None:  # GGUF parts: one call
+        y = gguf_kernels.linear_stack(x2.float(), stack, fw.bias, fw.parts[0].int8_x)
+        return y.view(*shape[:-1], fw.out_features)
     y = torch.empty(x2.shape[0], fw.out_features, dtype=torch.float32, device=x.device)
     col = 0
     for part in fw.parts:

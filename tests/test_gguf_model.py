@@ -208,8 +208,8 @@ def test_every_supported_type_is_exercised(files):
 
 def test_native_weights_stay_quantized(tmp_path):
     """A Q4_K_M-like mix (v and down in Q6_K, the rest Q4_K): every matrix stays in its own
-    type, q|k|v runs as one fused product of mixed parts, and the model holds about the file's
-    bytes (no dequantized copy)."""
+    type, q|k become one matrix and v a second part of one fused product, gate|up one matrix,
+    and the model holds about the file's bytes (no dequantized copy)."""
     types = {r: T.Q4_K for r in ROLES} | {"attn_v": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K}
     if not {int(T.Q4_K), int(T.Q6_K)} <= gguf_kernels.SUPPORTED:
         pytest.skip("needs Q4_K and Q6_K kernels")
@@ -218,8 +218,13 @@ def test_native_weights_stay_quantized(tmp_path):
     assert model.dtype == "native" and model.act_dtype == torch.float32
     embed, layer = model.w["embed"], model.w["layers"][0]
     assert isinstance(embed, gguf_kernels.PackedWeight) and embed.qtype == T.Q4_K
-    assert isinstance(layer["qkv"], FusedWeight) and len(layer["qkv"].parts) == 3
-    assert [p.weight.qtype for p in layer["qkv"].parts] == [T.Q4_K, T.Q4_K, T.Q6_K]
+    assert isinstance(layer["qkv"], FusedWeight) and len(layer["qkv"].parts) == 2
+    assert [p.weight.qtype for p in layer["qkv"].parts] == [T.Q4_K, T.Q6_K]
+    q_k = layer["qkv"].parts[0].weight
+    cfg = model.config
+    assert q_k.out_features == (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim
+    assert layer["gate_up"].weight.qtype == T.Q4_K  # one matrix
+    assert layer["gate_up"].weight.out_features == 2 * model.config.intermediate_size
     assert layer["qkv"].bias is not None and layer["down"].weight.qtype == T.Q6_K
     assert all(p.int8_x for p in layer["qkv"].parts)  # the default mode: int8 activations
     exact = Transformer.from_path(path, "exact")

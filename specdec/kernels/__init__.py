@@ -46,7 +46,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -63,9 +63,10 @@ _SIGNATURES = {
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
     "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
+    "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],
     "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
 }
-_RESTYPES = {"gguf_linear": _I, "gguf_dequantize": _I}  # the others return nothing
+_RESTYPES = {"gguf_linear": _I, "gguf_linear_parts": _I, "gguf_dequantize": _I}  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only
 
 

@@ -14,6 +14,7 @@ float rounding, come from ``gguf.quants.dequantize`` and torch: correct, not fas
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import gguf
@@ -139,6 +140,53 @@ def linear(
     )
     if rc != 0:
         raise ValueError(f"no GGUF kernel for {type_name(w.qtype)}")
+    return out
+
+
+class Stack:
+    """Matrices of any supported types with the same inputs, stacked along the output (q|k|v
+    of a Q4_K_M layer: Q4_K and Q6_K): ``linear_stack`` multiplies them in one kernel call,
+    x rounded once. The call's arguments are built here once, not per token."""
+
+    def __init__(self, weights: list[PackedWeight]):
+        if not 1 <= len(weights) <= 8 or len({w.in_features for w in weights}) != 1:
+            raise ValueError("a stack is 1 to 8 matrices with the same number of inputs")
+        self.weights = weights
+        self.in_features = weights[0].in_features
+        self.out_features = sum(w.out_features for w in weights)
+        n = len(weights)
+        self._args = (
+            n,
+            (ctypes.c_int * n)(*[w.qtype for w in weights]),
+            (ctypes.c_void_p * n)(*[w.data.data_ptr() for w in weights]),
+            (ctypes.c_long * n)(*[w.out_features for w in weights]),
+        )
+
+
+def linear_stack(
+    x: torch.Tensor, stack: Stack, bias: torch.Tensor | None = None, int8_x: bool = True
+) -> torch.Tensor:
+    """y = x @ [W_0; W_1; ...].T + bias for x fp32 [M, in], contiguous: fp32 [M, out]."""
+    m, n = x.shape[0], stack.out_features
+    lib = kernels.library()
+    if lib is None or m == 0:
+        out = torch.empty(m, n, dtype=torch.float32)
+        col = 0
+        for w in stack.weights:
+            linear(x, w, out=out[:, col : col + w.out_features], int8_x=int8_x)
+            col += w.out_features
+        return out if bias is None else out.add_(bias)
+    if x.dim() != 2 or x.shape[1] != stack.in_features or x.dtype != torch.float32:
+        raise ValueError(f"x must be float32 [M, {stack.in_features}], got {x.dtype} {x.shape}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    x = x.contiguous()
+    b_ptr = None if bias is None else bias.data_ptr()
+    rc = lib.gguf_linear_parts(
+        *stack._args, x.data_ptr(), b_ptr, out.data_ptr(), n, m, stack.in_features, int8_x,
+        _threads(),
+    )
+    if rc != 0:
+        raise ValueError("no GGUF kernel for " + ", ".join(type_name(w.qtype) for w in stack.weights))
     return out
 
 

@@ -681,69 +681,6 @@ static void rows_one(const Job &j, long n0, long n1) {
     }
 }
 
-template <void (*ROWS)(const Job &, long, long)>
-static void run(const Job &j, int nt) {
-    constexpr long NB = 8;
-    const long items = (j.N + NB - 1) / NB;
-#pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1 && items > 1)
-    for (long it = 0; it < items; it++) {
-        const long n0 = it * NB, n1 = n0 + NB < j.N ? n0 + NB : j.N;
-        ROWS(j, n0, n1);
-    }
-}
-
-template <class T>
-static void linear(const float *x, const uint8_t *w, const float *bias, float *y, long ldy,
-                   long M, long N, long K, bool int8x, int nt) {
-    constexpr Kind KD = kind<T>();
-    int8x = int8x && KD != FLT;  // floats always take exact x
-    const long groups = (K + G - 1) / G, KP = groups * G, QX = KD == KQ ? 256 : 32;
-    XRows xr{M, KP, QX, 0, 0, 0, 0, 0};
-    // int8: q M*KP bytes, then s16, s32 and dx, M*KP/8 bytes each at most
-    void *mem = aligned_alloc(64, ((int8x ? M * KP * 2 : M * KP * 4) | 63) + 1);
-    if (int8x) {
-        xr.q = (int8_t *)mem;
-        xr.s16 = (int16_t *)(xr.q + M * KP);         // M*KP/16 int16 = M*KP/8 bytes
-        xr.s32 = (int32_t *)(xr.s16 + M * KP / 16);  // M*KP/32 int32 = M*KP/8 bytes
-        xr.dx = (float *)(xr.s32 + M * KP / 32);     // at most M*KP/32 floats
-    } else {
-        xr.xf = (float *)mem;
-    }
-    prepare_x(x, K, xr, int8x, nt);
-    const Job j{w, K / T::QK * T::BYTES, N, K, groups, &xr, y, ldy, bias};
-    if constexpr (KD == KQ) {
-        if constexpr (ONE_ROW<T>) {
-            if (int8x && M == 1) {
-                run<rows_one<T>>(j, nt);
-                free(mem);
-                return;
-            }
-        }
-        if (int8x) run<rows<KInt<T>>>(j, nt); else run<rows<Exact<T>>>(j, nt);
-    } else if constexpr (KD == B32) {
-        if (int8x) run<rows<BInt<T>>>(j, nt); else run<rows<Exact<T>>>(j, nt);
-    } else {
-        run<rows<Exact<T>>>(j, nt);
-    }
-    free(mem);
-}
-
-// rows of the matrix as fp32 (all R rows, or the listed ones): out [R][K]
-template <class T>
-static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
-    const long groups = (K + G - 1) / G, rb = K / T::QK * T::BYTES;
-#pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
-    for (long r = 0; r < R; r++) {
-        const uint8_t *row = w + (ids ? ids[r] : r) * rb;
-        alignas(64) float buf[G];
-        for (long g = 0; g < groups; g++) {
-            group_f32<T>(row, g, K, buf);
-            const long n = K - g * G < G ? K - g * G : G;
-            memcpy(out + r * K + g * G, buf, n * sizeof(float));
-        }
-    }
-}
-
 // qtype -> a call of F<T> (false for a type without kernels)
 template <class F>
 static bool with_type(int qtype, F &&f) {
@@ -762,6 +699,101 @@ static bool with_type(int qtype, F &&f) {
         case Q5_K: f(TQ5_K{}); return true;
         case Q6_K: f(TQ6_K{}); return true;
         default: return false;
+    }
+}
+
+// how one part of a product runs: its rows function, chosen by type, mode and (for the
+// one-row K-quant path) M; the same choice for every row of the part
+typedef void (*RowsFn)(const Job &, long, long);
+template <class T>
+static RowsFn rows_fn(bool int8x, long M) {
+    constexpr Kind KD = kind<T>();
+    if constexpr (KD == KQ) {
+        if constexpr (ONE_ROW<T>) {
+            if (int8x && M == 1) return rows_one<T>;
+        }
+        return int8x ? rows<KInt<T>> : rows<Exact<T>>;
+    } else if constexpr (KD == B32) {
+        return int8x ? rows<BInt<T>> : rows<Exact<T>>;
+    } else {
+        return rows<Exact<T>>;
+    }
+}
+
+// y[:, col_p .. col_p + N_p) = x @ W_p.T for parts p = 0..P-1 (matrices of any types with K
+// inputs, stacked along the output: q|k|v of mixed types), + bias over the whole row. x is
+// rounded once per block size the parts need, and one parallel loop covers every part's rows.
+// Returns 0, or -1 for a type without kernels.
+static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, const long *Ns,
+                        const float *x, const float *bias, float *y, long ldy, long M, long K,
+                        bool int8x, int nt) {
+    const long groups = (K + G - 1) / G, KP = groups * G;
+    bool need[3] = {false, false, false};  // x rounded per 256, per 32; fp32 x
+    Job jobs[8];
+    RowsFn fns[8];
+    int xkind[8];  // which of the x forms below part p reads
+    long first_item[9] = {0};
+    if (P < 1 || P > 8) return -1;
+    long col = 0;
+    for (int p = 0; p < P; p++) {
+        bool ok = with_type(qtypes[p], [&](auto t) {
+            typedef decltype(t) T;
+            constexpr Kind KD = kind<T>();
+            const bool i8 = int8x && KD != FLT;  // floats always take exact x
+            xkind[p] = !i8 ? 2 : KD == KQ ? 0 : 1;
+            need[xkind[p]] = true;
+            fns[p] = rows_fn<T>(i8, M);
+            jobs[p] = Job{ws[p], K / T::QK * T::BYTES, Ns[p], K, groups, nullptr, y + col, ldy,
+                          bias ? bias + col : nullptr};
+        });
+        if (!ok) return -1;
+        col += Ns[p];
+        first_item[p + 1] = first_item[p] + (Ns[p] + 7) / 8;
+    }
+    // x as each kind of part reads it: int8 q M*KP bytes then s16, s32 and dx (M*KP/8 bytes
+    // each at most), or fp32 M*KP
+    XRows xr[3] = {{M, KP, 256, 0, 0, 0, 0, 0}, {M, KP, 32, 0, 0, 0, 0, 0},
+                   {M, KP, 0, 0, 0, 0, 0, 0}};
+    void *mem[3] = {nullptr, nullptr, nullptr};
+    for (int v = 0; v < 3; v++) {
+        if (!need[v]) continue;
+        mem[v] = aligned_alloc(64, ((v < 2 ? M * KP * 2 : M * KP * 4) | 63) + 1);
+        if (v < 2) {
+            xr[v].q = (int8_t *)mem[v];
+            xr[v].s16 = (int16_t *)(xr[v].q + M * KP);
+            xr[v].s32 = (int32_t *)(xr[v].s16 + M * KP / 16);
+            xr[v].dx = (float *)(xr[v].s32 + M * KP / 32);
+        } else {
+            xr[v].xf = (float *)mem[v];
+        }
+        prepare_x(x, K, xr[v], v < 2, nt);
+    }
+    for (int p = 0; p < P; p++) jobs[p].x = &xr[xkind[p]];
+    const long items = first_item[P];
+#pragma omp parallel for schedule(dynamic, 2) num_threads(nt) if (nt > 1 && items > 1)
+    for (long it = 0; it < items; it++) {
+        int p = 0;
+        while (it >= first_item[p + 1]) p++;
+        const long n0 = (it - first_item[p]) * 8, n1 = n0 + 8 < jobs[p].N ? n0 + 8 : jobs[p].N;
+        fns[p](jobs[p], n0, n1);
+    }
+    for (int v = 0; v < 3; v++) free(mem[v]);
+    return 0;
+}
+
+// rows of the matrix as fp32 (all R rows, or the listed ones): out [R][K]
+template <class T>
+static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
+    const long groups = (K + G - 1) / G, rb = K / T::QK * T::BYTES;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
+    for (long r = 0; r < R; r++) {
+        const uint8_t *row = w + (ids ? ids[r] : r) * rb;
+        alignas(64) float buf[G];
+        for (long g = 0; g < groups; g++) {
+            group_f32<T>(row, g, K, buf);
+            const long n = K - g * G < G ? K - g * G : G;
+            memcpy(out + r * K + g * G, buf, n * sizeof(float));
+        }
     }
 }
 
