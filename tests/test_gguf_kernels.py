@@ -139,19 +139,60 @@ def test_linear_is_batch_invariant(kernels_on, name, int8_x):
     assert torch.equal(wide[:, 10:55], y17)
 
 
+@pytest.mark.parametrize("int8_x", [True, False])
+def test_a_stack_of_mixed_types_is_its_parts_side_by_side(kernels_on, int8_x):
+    """q|k|v of a Q4_K_M layer in one call: each part's columns are its own product's bits,
+    the bias is added over the whole row, and rows do not depend on the call's other rows."""
+    torch.manual_seed(4)
+    names = ["Q4_K", "Q6_K", "Q5_K", "Q8_0", "F16"]  # every form of x: K-quant, 32-block, fp32
+    ws = []
+    for i, name in enumerate(names):
+        raw = make_raw(name, 11 + 8 * i, 512, seed=i)
+        ws.append(gk.pack(int(Q[name]), torch.from_numpy(raw), 11 + 8 * i, 512))
+    stack = gk.Stack(ws)
+    x, bias = torch.randn(9, 512), torch.randn(stack.out_features)
+    y = gk.linear_stack(x, stack, bias, int8_x=int8_x)
+    parts = torch.cat([gk.linear(x, w, int8_x=int8_x) for w in ws], dim=1)
+    if kernels_on == "torch":
+        torch.testing.assert_close(y, parts + bias, rtol=1e-6, atol=1e-6)
+        return
+    assert torch.equal(y, parts + bias)
+    for m in (0, 4):
+        assert torch.equal(gk.linear_stack(x[m : m + 1], stack, bias, int8_x=int8_x), y[m : m + 1])
+    with pytest.raises(ValueError, match="same number of inputs"):
+        gk.Stack([ws[0], make_weight("Q4_0")[0]])
+
+
 def test_quantize_x_reference_rounds_per_block():
-    """The int8_x rounding: per row and block (32 k, or 256 for K-quants), steps of amax/127."""
+    """The int8_x rounding: 32-blocks per row and block of 32 k, steps of amax/127; K-quants
+    per 256 k with a step per 32 k of amax * e_j / 4064, at most amax / 4064 above the block's
+    own amax/127, so an outlier coarsens little beyond its own block."""
     torch.manual_seed(3)
     x = torch.randn(2, 512)
-    x[0, 40] = 100.0  # coarsens k 32..63 (32-blocks) or 0..255 (K-quants) of row 0 only
-    for name, block in (("Q8_0", 32), ("Q4_K", 256)):
-        xq = gk.quantize_x_reference(x, int(Q[name]))
-        for b in range(512 // block):
-            part, ref = xq[:, b * block : (b + 1) * block], x[:, b * block : (b + 1) * block]
-            step = ref.abs().amax(-1, keepdim=True).double() / 127
+    x[0, 40] = 100.0  # coarsens k 32..63 (32-blocks) of row 0 only
+    xq = gk.quantize_x_reference(x, int(Q.Q8_0))
+    for b in range(512 // 32):
+        part, ref = xq[:, b * 32 : (b + 1) * 32], x[:, b * 32 : (b + 1) * 32]
+        step = ref.abs().amax(-1, keepdim=True).double() / 127
+        q = part / step
+        assert (q - q.round()).abs().max() < 1e-4 and q.abs().max() <= 127 + 1e-4
+        assert ((part - ref.double()).abs() <= step / 2 + 1e-7).all()
+    xq = gk.quantize_x_reference(x, int(Q.Q4_K))
+    for g in range(2):
+        amax = x[:, g * 256 : (g + 1) * 256].abs().amax(-1, keepdim=True).double()
+        for j in range(8):
+            ks = slice(g * 256 + 32 * j, g * 256 + 32 * (j + 1))
+            part, ref = xq[:, ks], x[:, ks].double()
+            own = ref.abs().amax(-1, keepdim=True) / 127
+            e = torch.ceil(32 * 127 * own / amax).clamp(1, 32)
+            step = amax * e / 4064
             q = part / step
             assert (q - q.round()).abs().max() < 1e-4 and q.abs().max() <= 127 + 1e-4
-            assert ((part - ref.double()).abs() <= step / 2 + 1e-7).all()
+            assert ((part - ref).abs() <= step / 2 + 1e-6).all()
+            assert (step <= own + amax / 4064 + 1e-7).all()
+    # row 1 has no outlier: its blocks keep steps near their own; row 0's far blocks too
+    far = xq[0, 256:] - x[0, 256:].double()
+    assert far.abs().max() <= x[0, 256:].abs().max() / 127
 
 
 def test_bad_input_is_a_clear_error():

@@ -3,9 +3,10 @@
 A decode step reads every weight byte once, so a Q4_K_M model is multiplied from its 4.5-6.5
 bit blocks directly (``gguf_kernels.h``) rather than dequantized to bf16 (3-6x the bytes).
 ``pack`` keeps the file's bytes as they are (no repacking: free, nothing to cache); ``linear``
-multiplies them, by default with x rounded to int8 per row and block (32 k for Q4_0 ... Q8_0,
-256 for K-quants, as llama.cpp's Q8_0/Q8_K activations) for integer dot products, or with fp32 x
-against the exact weight values (``int8_x=False``). Both are batch invariant: a row's output
+multiplies them, by default with x rounded to int8 for integer dot products (per row and block
+of 32 k for Q4_0 ... Q8_0, as llama.cpp's Q8_0 activations; for K-quants one step per 256 k
+refined per 32 k by an integer factor, see ``quantize_x_reference``), or with fp32 x against
+the exact weight values (``int8_x=False``). Both are batch invariant: a row's output
 bits do not depend on how many rows share the call.
 
 Where our kernels are off (``SPECDEC_KERNELS=torch``, other CPUs) the same results, up to
@@ -244,13 +245,28 @@ def x_block(qtype: int) -> int:
 
 
 def quantize_x_reference(x: torch.Tensor, qtype: int) -> torch.Tensor:
-    """float64 x [M, K] as the int8_x mode rounds it for weights of ``qtype``: per row and
-    block of ``x_block(qtype)`` k, round_even(x * (127 / amax)) * (amax / 127), in fp32 steps
-    as the kernel takes them. Float weight types take x as it is."""
+    """float64 x [M, K] as the int8_x mode rounds it for weights of ``qtype``, in fp32 steps as
+    the kernel takes them. 32-blocks: per row and block of 32 k, round_even(x * (127 / amax))
+    * (amax / 127). K-quants: per group of 256 k with largest |x| amax and block j of 32 k with
+    largest |x| a_j, e_j = ceil(32 a_j / amax) in 1..32 and x ~ round_even(x * 4064 / (amax *
+    e_j)) * (amax / 4064) * e_j: a step per block at most amax / 4064 above its own a_j / 127,
+    while the kernel's sums stay integer (e_j scales the weights' integer scales).
+    Float weight types take x as it is."""
     block = x_block(qtype)
     if block == 0:
         return x.double()
     m, k = x.shape
+    if block == 256:
+        blocks = x.float().reshape(m, -1, 8, 32)
+        a_j = blocks.abs().amax(-1, keepdim=True)
+        amax = a_j.amax(-2, keepdim=True)
+        live = amax > 0
+        safe = torch.where(live, amax, torch.ones_like(amax))
+        e = torch.where(live, torch.ceil(32 * a_j / safe).clamp(1, 32), torch.ones_like(a_j))
+        inv = torch.where(live, 4064.0 / (safe * e), torch.zeros_like(e))
+        q = torch.round(blocks * inv).clamp(-127, 127).double()
+        base = (amax / 4064.0).double()
+        return (q * base * e.double()).reshape(m, k)
     kp = -(-k // block) * block
     blocks = F.pad(x.float(), (0, kp - k)).reshape(m, -1, block)
     amax = blocks.abs().amax(-1, keepdim=True)
