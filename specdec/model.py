@@ -162,24 +162,29 @@ class Transformer:
         h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         scale = d**-0.5
 
-        x = ops.embed(w["embed"], tokens).to(self.act_dtype)
-        for i, layer in enumerate(w["layers"]):
-            h = ops.rmsnorm(x, layer["attn_norm"], cfg.rms_norm_eps)
+        x = ops.embed(w["embed"], tokens).to(self.act_dtype)  # a new tensor: added into below
+        layers = w["layers"]
+        h = ops.rmsnorm(x, layers[0]["attn_norm"], cfg.rms_norm_eps)
+        for i, layer in enumerate(layers):
             qkv = ops.linear(h, layer["qkv"])
-            q, k, v = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
-            q = q.reshape(bsz, t_len, h_q, d)
-            k = k.reshape(bsz, t_len, h_kv, d)
-            v = v.reshape(bsz, t_len, h_kv, d)
             if cfg.qk_norm:
-                q = ops.rmsnorm(q, layer["q_norm"], cfg.rms_norm_eps)
-                k = ops.rmsnorm(k, layer["k_norm"], cfg.rms_norm_eps)
-            q, k = ops.rope(q, positions, cos, sin), ops.rope(k, positions, cos, sin)
+                q, k, v = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
+                q = ops.rmsnorm(q.reshape(bsz, t_len, h_q, d), layer["q_norm"], cfg.rms_norm_eps)
+                k = ops.rmsnorm(k.reshape(bsz, t_len, h_kv, d), layer["k_norm"], cfg.rms_norm_eps)
+                q, k = ops.rope(q, positions, cos, sin), ops.rope(k, positions, cos, sin)
+                v = v.reshape(bsz, t_len, h_kv, d)
+            else:
+                q, k, v = ops.rope_qkv(qkv, positions, cos, sin, h_q, h_kv, d)
             attn = ops.attend(
                 q, k, v, cache.k[i], cache.v[i], rows, start, num_new, attn_mask, scale
             )
-            x = x + ops.linear(attn.reshape(bsz, t_len, h_q * d), layer["o"])
-            h = ops.rmsnorm(x, layer["mlp_norm"], cfg.rms_norm_eps)
-            x = x + ops.linear(ops.silu_mul(ops.linear(h, layer["gate_up"])), layer["down"])
+            o = ops.linear(attn.reshape(bsz, t_len, h_q * d), layer["o"])
+            h = ops.add_rmsnorm(x, o, layer["mlp_norm"], cfg.rms_norm_eps)  # x += o
+            mlp = ops.linear(ops.silu_mul(ops.linear(h, layer["gate_up"])), layer["down"])
+            if i + 1 < len(layers):  # x += mlp, and the next layer's norm of it
+                h = ops.add_rmsnorm(x, mlp, layers[i + 1]["attn_norm"], cfg.rms_norm_eps)
+            else:
+                x.add_(mlp)
         cache.lengths[rows] = start + num_new
 
         if logits_at is not None:

@@ -237,6 +237,27 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """x += delta in place (the residual stream), then rmsnorm(x): one pass on our kernels."""
+    lib = kernels.library() if x.device.type == "cpu" else None
+    if (
+        lib is None
+        or x.dtype != torch.float32
+        or not x.is_contiguous()
+        or delta.shape != x.shape
+        or weight.dtype != torch.float32
+    ):
+        x.add_(delta)
+        return rmsnorm(x, weight, eps)
+    d = x.shape[-1]
+    delta = delta.contiguous().float()
+    y = torch.empty_like(x)
+    lib.add_rmsnorm(
+        _ptr(x), _ptr(delta), _ptr(weight), _ptr(y), x.numel() // d, d, float(eps), _threads()
+    )
+    return y
+
+
 def attend(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -329,6 +350,37 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*gu.shape[:-1], inter, dtype=torch.float32)
     lib.silu_mul(_ptr(gu), _ptr(out), gu.numel() // (2 * inter), inter, _threads())
     return out
+
+
+def rope_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a fused q|k|v output [B,T,(H+2*KVH)*D] into q [B,T,H,D], k, v [B,T,KVH,D], with
+    rotary embedding applied to q and k (as ``rope``): on our kernels one pass that writes q
+    and k contiguous, instead of two copies and two calls."""
+    b, t, _ = qkv.shape
+    q_w, kv_w = heads * head_dim, kv_heads * head_dim
+    v = qkv[..., q_w + kv_w :].reshape(b, t, kv_heads, head_dim)
+    lib = kernels.library() if qkv.device.type == "cpu" else None
+    if lib is None or qkv.dtype != torch.float32 or qkv.stride(-1) != 1:
+        q, k = qkv[..., :q_w], qkv[..., q_w : q_w + kv_w]
+        q = rope(q.reshape(b, t, heads, head_dim), positions, cos, sin)
+        return q, rope(k.reshape(b, t, kv_heads, head_dim), positions, cos, sin), v
+    flat = qkv.reshape(b * t, -1)
+    qk = torch.empty(b * t * (q_w + kv_w), dtype=torch.float32)
+    q, k = qk[: b * t * q_w], qk[b * t * q_w :]
+    pos = positions.contiguous().long()
+    lib.rope_qk(
+        _ptr(flat), flat.stride(0), _ptr(pos), _ptr(cos), _ptr(sin), b * t, heads, kv_heads,
+        head_dim, _ptr(q), _ptr(k), _threads(),
+    )
+    return q.view(b, t, heads, head_dim), k.view(b, t, kv_heads, head_dim), v
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

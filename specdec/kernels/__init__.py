@@ -46,7 +46,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -59,8 +59,10 @@ _SIGNATURES = {
     "linear_i4": [_P, _P, _P, _P, _P, _L, _L, _L, _I],
     "linear_i4q": [_P, _P, _P, _P, _P, _L, _L, _L, _I],  # avx512vnni only
     "rmsnorm": [_P, _P, _P, _L, _L, _F, _I],
+    "add_rmsnorm": [_P, _P, _P, _P, _L, _L, _F, _I],
     "silu_mul": [_P, _P, _L, _L, _I],
     "rope": [_P, _P, _P, _P, _L, _L, _L, _I],
+    "rope_qk": [_P, _L, _P, _P, _P, _L, _L, _L, _L, _P, _P, _I],
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
     "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
     "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],

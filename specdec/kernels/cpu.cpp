@@ -486,13 +486,17 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
 }
 
 // ---- RMSNorm over the last dimension -----------------------------------------------------
-static void rmsnorm_rows(const float *x, const float *w, float *y, long R, long D, float eps,
-                         int nt) {
+// delta (if given) is first added into x in place: the residual stream's add and the next
+// norm in one pass, the same bits as an add then a norm
+static void rmsnorm_rows(float *x, const float *delta, const float *w, float *y, long R, long D,
+                         float eps, int nt) {
     const long D8 = D & ~7L;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R > 8)
     for (long r = 0; r < R; r++) {
-        const float *xr = x + r * D;
+        float *xr = x + r * D;
         float *yr = y + r * D;
+        if (delta)
+            for (long d = 0; d < D; d++) xr[d] += delta[r * D + d];
         __m256 acc = _mm256_setzero_ps();
         for (long d = 0; d < D8; d += 8) {
             __m256 v = _mm256_loadu_ps(xr + d);
@@ -545,6 +549,27 @@ static void silu_mul_rows(const float *gu, float *out, long R, long I, int nt) {
             memcpy(ut, u + i, (I - i) * sizeof(float));
             _mm256_store_ps(ot, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
             memcpy(o + i, ot, (I - i) * sizeof(float));
+        }
+    }
+}
+
+// ---- rotary embedding of q and k read from the fused q|k|v rows (qkv [R, ld]), written
+// contiguous: q [R,HQ,D], k [R,HK,D]; the same arithmetic as rope_rows, without the copies
+static void rope_qk_rows(const float *qkv, long ld, const int64_t *pos, const float *cos_t,
+                         const float *sin_t, long R, long HQ, long HK, long D, float *q, float *k,
+                         int nt) {
+    const long half = D / 2;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * (HQ + HK) > 64)
+    for (long r = 0; r < R; r++) {
+        const float *c = cos_t + pos[r] * D, *s = sin_t + pos[r] * D;
+        for (long h = 0; h < HQ + HK; h++) {
+            const float *v = qkv + r * ld + h * D;
+            float *o = h < HQ ? q + (r * HQ + h) * D : k + (r * HK + h - HQ) * D;
+            for (long d = 0; d < half; d++) {
+                const float x1 = v[d], x2 = v[d + half];
+                o[d] = x1 * c[d] + (-x2) * s[d];
+                o[d + half] = x2 * c[d + half] + x1 * s[d + half];
+            }
         }
     }
 }
@@ -637,7 +662,7 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 #include "gguf_kernels.h"
 
 extern "C" {
-int specdec_abi_version() { return 6; }
+int specdec_abi_version() { return 7; }
 int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
@@ -683,7 +708,11 @@ int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, lon
                : -1;
 }
 void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps, int nt) {
-    rmsnorm_rows(x, w, y, R, D, eps, nt);
+    rmsnorm_rows((float *)x, nullptr, w, y, R, D, eps, nt);
+}
+void add_rmsnorm(float *x, const float *delta, const float *w, float *y, long R, long D, float eps,
+                 int nt) {
+    rmsnorm_rows(x, delta, w, y, R, D, eps, nt);
 }
 void silu_mul(const float *gu, float *out, long R, long I, int nt) {
     silu_mul_rows(gu, out, R, I, nt);
@@ -691,6 +720,10 @@ void silu_mul(const float *gu, float *out, long R, long I, int nt) {
 void rope(float *x, const int64_t *pos, const float *cos_t, const float *sin_t, long R, long H,
           long D, int nt) {
     rope_rows(x, pos, cos_t, sin_t, R, H, D, nt);
+}
+void rope_qk(const float *qkv, long ld, const int64_t *pos, const float *cos_t,
+             const float *sin_t, long R, long HQ, long HK, long D, float *q, float *k, int nt) {
+    rope_qk_rows(qkv, ld, pos, cos_t, sin_t, R, HQ, HK, D, q, k, nt);
 }
 void attend(const float *q, const float *knew, const float *vnew, float *kc, float *vc,
             const int64_t *rows, const int64_t *start, const int64_t *nnew, const uint8_t *mask,
