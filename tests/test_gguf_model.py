@@ -234,6 +234,37 @@ def test_native_weights_stay_quantized(tmp_path):
     assert held <= 1.05 * os.path.getsize(path)
 
 
+def test_matrices_live_in_huge_pages_and_the_embedding_in_the_file(tmp_path):
+    """Natively, every matrix is copied into one arena advised for 2 MB pages (read from the
+    file, not through its mapping); the embedding table, read a few rows a token, stays in the
+    mapped file; a tied embedding, read whole as the head every token, is copied too."""
+    types = {r: T.Q4_K for r in ROLES} | {"attn_v": T.Q6_K, "ffn_down": T.Q6_K, "output": T.Q6_K}
+    path = write_gguf(tmp_path / "q4km.gguf", "qwen2", types)
+    model = Transformer.from_path(path, "auto")
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    on_file = GGUFModel(path).tensors
+
+    def inside(w, lo, n):
+        return lo <= w.data.data_ptr() and w.data.data_ptr() + w.nbytes() <= lo + n
+
+    mats = [p.weight for p in _parts(model)]
+    assert all(w.data.data_ptr() % 64 == 0 for w in mats)  # each on a cache line
+    lo = min(w.data.data_ptr() for w in mats)
+    hi = max(w.data.data_ptr() + w.nbytes() for w in mats)
+    assert hi - lo < sum(w.nbytes() for w in mats) + 64 * len(mats)  # back to back: one arena
+    embed = model.w["embed"]  # a view of the mapped file: where the mapping starts follows
+    mapped = embed.data.data_ptr() - on_file["token_embd.weight"].offset
+    assert all(not (mapped <= w.data.data_ptr() < mapped + len(file)) for w in mats)
+    # the bytes are the file's: the first layer's down matrix, byte for byte
+    t = on_file["blk.0.ffn_down.weight"]
+    assert bytes(model.w["layers"][0]["down"].weight.data.numpy().ravel()) == bytes(
+        file[t.offset : t.offset + t.nbytes]
+    )
+    tied = Transformer.from_path(write_gguf(tmp_path / "tied.gguf", "qwen2", types, tied=True))
+    head = tied.w["lm_head"].weight
+    assert head is tied.w["embed"] and head.data.data_ptr() % 64 == 0
+
+
 def _parts(model):
     lws = [model.w["lm_head"]]
     for layer in model.w["layers"]:
