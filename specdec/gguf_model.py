@@ -2,9 +2,9 @@
 
 Quantized matrices stay in the file's own block layout (``kernels.gguf.PackedWeight``), their
 bytes copied once into huge pages (``hugepages``; neighbours of one type, q|k and gate|up, into
-one matrix); the embedding table stays in the memory-mapped file. Everything a user can get wrong (not a GGUF file,
-truncated data, an architecture or quantization type we cannot run, shapes that disagree with
-the metadata) is checked when the file is opened, before any weight is read, and reported in
+one matrix); the embedding table stays in the memory-mapped file. Everything a user can get
+wrong (not a GGUF file, truncated data, an architecture or quantization type we cannot run,
+shapes that disagree with the metadata) is checked when the file is opened, before any weight is read, and reported in
 one line naming the file and the tensor.
 """
 
@@ -21,8 +21,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from specdec.config import ModelConfig, UnsupportedModelError
-from specdec.kernels import gguf as gguf_kernels
 from specdec.hugepages import ALIGN, Arena
+from specdec.kernels import gguf as gguf_kernels
 from specdec.ops import FusedWeight, LinearWeight
 
 T = GGMLQuantizationType

@@ -377,8 +377,18 @@ def rope_qkv(
     q, k = qk[: b * t * q_w], qk[b * t * q_w :]
     pos = positions.contiguous().long()
     lib.rope_qk(
-        _ptr(flat), flat.stride(0), _ptr(pos), _ptr(cos), _ptr(sin), b * t, heads, kv_heads,
-        head_dim, _ptr(q), _ptr(k), _threads(),
+        _ptr(flat),
+        flat.stride(0),
+        _ptr(pos),
+        _ptr(cos),
+        _ptr(sin),
+        b * t,
+        heads,
+        kv_heads,
+        head_dim,
+        _ptr(q),
+        _ptr(k),
+        _threads(),
     )
     return q.view(b, t, heads, head_dim), k.view(b, t, kv_heads, head_dim), v
 

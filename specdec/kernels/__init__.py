@@ -68,7 +68,11 @@ _SIGNATURES = {
     "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],
     "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
 }
-_RESTYPES = {"gguf_linear": _I, "gguf_linear_parts": _I, "gguf_dequantize": _I}  # the others return nothing
+_RESTYPES = {
+    "gguf_linear": _I,
+    "gguf_linear_parts": _I,
+    "gguf_dequantize": _I,
+}  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only
 
 

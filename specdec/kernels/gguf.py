@@ -183,11 +183,20 @@ def linear_stack(
     x = x.contiguous()
     b_ptr = None if bias is None else bias.data_ptr()
     rc = lib.gguf_linear_parts(
-        *stack._args, x.data_ptr(), b_ptr, out.data_ptr(), n, m, stack.in_features, int8_x,
+        *stack._args,
+        x.data_ptr(),
+        b_ptr,
+        out.data_ptr(),
+        n,
+        m,
+        stack.in_features,
+        int8_x,
         _threads(),
     )
     if rc != 0:
-        raise ValueError("no GGUF kernel for " + ", ".join(type_name(w.qtype) for w in stack.weights))
+        raise ValueError(
+            "no GGUF kernel for " + ", ".join(type_name(w.qtype) for w in stack.weights)
+        )
     return out
 
 
