@@ -4,8 +4,8 @@ Quantized matrices stay in the file's own block layout (``kernels.gguf.PackedWei
 bytes copied once into huge pages (``hugepages``; neighbours of one type, q|k and gate|up, into
 one matrix); the embedding table stays in the memory-mapped file. Everything a user can get
 wrong (not a GGUF file, truncated data, an architecture or quantization type we cannot run,
-shapes that disagree with the metadata) is checked when the file is opened, before any weight is read, and reported in
-one line naming the file and the tensor.
+shapes that disagree with the metadata) is checked when the file is opened, before any weight
+is read, and reported in one line naming the file and the tensor.
 """
 
 from __future__ import annotations
