@@ -431,7 +431,7 @@ template <class W>
 static void linear(const float *x, const typename W::T *w, const float *scale,
                    const uint16_t *gs, const float *bias, float *y, long M, long N, long K,
                    int nt) {
-    constexpr long NB = 16;            // weight rows per work item: small enough to balance cores
+    constexpr long NB = 16;            // weight rows per work item
     constexpr long SUPER = 10;         // x rows that share one pass over the weights
     constexpr long XBYTES = 16 << 10;  // x chunk kept in L1 (of 32 KB) between tiles
     constexpr long BLK = Fmt<W>::BLK;
@@ -447,7 +447,9 @@ static void linear(const float *x, const typename W::T *w, const float *scale,
     {
         if (big) pack_x<W>(x, xp, M, K);  // ends with a barrier
         float st[SUPER * NB * VL] __attribute__((aligned(64)));  // [weight row][x row][VL]
-#pragma omp for schedule(dynamic, 4) nowait
+        // static: each thread one contiguous run of rows, one long stream that the hardware
+        // prefetcher follows (dynamic hand-outs of 4 items cost 17% of an int4 draft pass)
+#pragma omp for schedule(static) nowait
         for (long it = 0; it < nitems; it++) {
             const long n0 = it * NB, n1 = n0 + NB < N ? n0 + NB : N;
             for (long m0 = 0; m0 < M; m0 += SUPER) {
