@@ -120,6 +120,8 @@ class Decoder:
     def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One token per row of ``logits`` [B,V] (already through the sequences' processors)
         under each sequence's own parameters."""
+        if all(s.params.greedy for s in seqs):  # the first argmax, as the one-hot would give
+            return logits[:, : self.vocab_size].argmax(-1).tolist()
         probs = probabilities(logits, [s.params for s in seqs], self.vocab_size)
         uniforms = [0.0 if s.params.greedy or s.params.coupled else s.rng.uniform() for s in seqs]
         tokens = sample(probs, uniforms)
