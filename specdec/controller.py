@@ -9,7 +9,10 @@ in 0..k_max with the best total E / cost for the batch. K = 0 is a plain AR roun
 speculation does not pay (a weak drafter on prose) the controller stops drafting. Every
 ``probe_every`` rounds it tries a neighbour of its choice instead (K = 1 from 0; otherwise one
 up, then one down): the pass sizes it never picks would otherwise keep whatever cost they
-showed once, and acceptance may have changed.
+showed once, and acceptance may have changed. While K = 0 stays the choice, the wait between
+probes doubles (up to 16x): a probe from K = 0 costs more than its round, because the drafter
+first catches up on every token since it last drafted (measured on an AVX2 day, where drafting
+does not pay: probing every 16 rounds made SD 0.78x AR).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class SpeculationController:
         self.t_verify: dict[int, _Ema] = {}  # target pass time by tokens in the pass
         self.rounds = 0
         self._since_probe = 0
+        self._probe_wait = probe_every  # rounds until the next probe
         self._probe_up = True
         self.last_choice: dict = {}
 
@@ -137,9 +141,13 @@ class SpeculationController:
                 best_k, best_rate = k, rate
         self.last_choice = {"k": best_k, "alpha": sum(alphas) / len(alphas), "rates": rates}
         self._since_probe += 1
-        if self._since_probe >= self.probe_every:
+        if self._since_probe >= self._probe_wait:
             self._since_probe = 0
+            longer = min(2 * self._probe_wait, 16 * self.probe_every)
+            self._probe_wait = longer if best_k == 0 else self.probe_every
             return self._probe(best_k)
+        if best_k > 0:
+            self._probe_wait = self.probe_every
         return best_k
 
     def _probe(self, best_k: int) -> int:

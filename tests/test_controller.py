@@ -58,6 +58,11 @@ def test_controller_stops_drafting_when_it_cannot_pay():
     seq = simulated_seq(0.2, 4, 200)
     choices = [ctl.choose_k([seq]) for _ in range(40)]
     assert choices.count(0) >= 36 and set(choices) <= {0, 1} and 1 in choices
+    # while K = 0 stays the choice, probes come at 16, then 32, 64, ... rounds apart
+    ctl = _trained(t_draft=0.05, t_verify_1=0.1, t_verify_per_token=0.02)
+    choices = [ctl.choose_k([seq]) for _ in range(16 + 32 + 64 + 10)]
+    probes = [i for i, k in enumerate(choices) if k]
+    assert [b - a for a, b in zip(probes, probes[1:])] == [32, 64]
 
 
 def test_fixed_k_is_kept():
