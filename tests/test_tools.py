@@ -47,6 +47,9 @@ WEATHER = {
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
             },
             "required": ["city"],
+            # strict, as function-calling clients send it: an enforced call then ends after
+            # its fields (SmolLM2 otherwise invents keys until max_tokens cuts the JSON)
+            "additionalProperties": False,
         },
     },
 }
