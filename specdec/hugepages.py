@@ -27,11 +27,9 @@ class Arena:
     def __init__(self, nbytes: int):
         size = -(-max(nbytes, 1) // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to align
         self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.huge = False
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 self._map.madvise(mmap.MADV_HUGEPAGE)
-                self.huge = True
             except OSError:  # THP off in this kernel: ordinary pages, still fine
                 pass
         whole = torch.frombuffer(self._map, dtype=torch.uint8)  # keeps the mapping alive

@@ -453,13 +453,16 @@ static void prepare_x(const float *x, long K, XRows &xr, bool int8x, int nt) {
             continue;
         }
         int8_t *q = xr.q + m * KP;
-        for (long b = 0; xr.QX == G && b < KP / G; b++)  // K-quants: K is whole groups
-            quantize_group_e(xm + b * G, q + b * G, xr.dx + m * (KP / G) + b,
-                             xr.e2 + m * (KP / 16) + 16 * b, xr.e8 + m * (KP / 32) + 8 * b);
-        for (long b = 0; xr.QX != G && b < KP / xr.QX; b++) {
-            const long k0 = b * xr.QX, n = K - k0 < xr.QX ? (K - k0 > 0 ? K - k0 : 0) : xr.QX;
-            quantize_block(xm + k0, n, q + k0, xr.dx + m * (KP / xr.QX) + b);
-            memset(q + k0 + n, 0, xr.QX - n);
+        if (xr.QX == G) {  // K-quants: K is whole groups
+            for (long b = 0; b < KP / G; b++)
+                quantize_group_e(xm + b * G, q + b * G, xr.dx + m * (KP / G) + b,
+                                 xr.e2 + m * (KP / 16) + 16 * b, xr.e8 + m * (KP / 32) + 8 * b);
+        } else {
+            for (long b = 0; b < KP / xr.QX; b++) {
+                const long k0 = b * xr.QX, n = K - k0 < xr.QX ? (K - k0 > 0 ? K - k0 : 0) : xr.QX;
+                quantize_block(xm + k0, n, q + k0, xr.dx + m * (KP / xr.QX) + b);
+                memset(q + k0 + n, 0, xr.QX - n);
+            }
         }
         for (long b = 0; b < KP / 16; b++) {
             int s = 0;
