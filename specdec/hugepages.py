@@ -12,6 +12,7 @@ process's own memory: resident memory stays about the matrices' bytes.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 
 import torch
@@ -28,10 +29,9 @@ class Arena:
         size = -(-max(nbytes, 1) // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to align
         self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
+            # THP off in this kernel: ordinary pages, still fine
+            with contextlib.suppress(OSError):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:  # THP off in this kernel: ordinary pages, still fine
-                pass
         whole = torch.frombuffer(self._map, dtype=torch.uint8)  # keeps the mapping alive
         skip = -whole.data_ptr() % HUGE_PAGE  # start on a 2 MB boundary
         self.bytes = whole[skip : skip + size - HUGE_PAGE]
