@@ -421,13 +421,16 @@ class _WeightBuilder:
         if qtype in DENSE:  # our kernels multiply fp32 and bf16; fp16 widens to fp32 exactly
             keep = torch.bfloat16 if qtype == T.BF16 else torch.float32
             return LinearWeight(torch.cat([self._rows(n, select)[1].to(keep) for n in names]))
-        if self.arena is None or not copy:
-            rows = torch.cat([self._rows(n, select)[1] for n in names])
-        else:
+        copied = self.arena is not None and copy
+        if copied:
             rows = self._copied(names, select)
+        else:
+            rows = torch.cat([self._rows(n, select)[1] for n in names])
         block, size = GGML_QUANT_SIZES[qtype]
         in_features = rows.shape[1] // size * block
         w = gguf_kernels.pack(int(qtype), rows, rows.shape[0], in_features)
+        if copied and self.int8_x:  # our copy: Q4_K / Q6_K rearranged into 8-row tiles
+            w = gguf_kernels.repack(w, in_place=True)
         return LinearWeight(w, int8_x=self.int8_x)
 
     def _copied(self, names: list[str], select) -> torch.Tensor:

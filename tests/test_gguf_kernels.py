@@ -208,3 +208,80 @@ def test_bad_input_is_a_clear_error():
         gk.linear(torch.zeros(2, 128), w)
     assert gk.supported(int(Q.Q6_K)) and not gk.supported(int(Q.IQ2_XXS))
     assert w.nbytes() == 576
+
+
+TILED = ["Q4_K", "Q6_K"]
+
+
+def make_tiled(name: str, n: int = 40, seed: int = 0):
+    """(file-layout weight, the same in 8-row tiles, gguf's float64 matrix)"""
+    w, dense = make_weight(name, n=n, seed=seed)
+    return w, gk.repack(w), dense
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tiles_hold_the_same_weights(kernels_on, name):
+    """Repacking rearranges bytes only: every row dequantizes to gguf's values bit for bit,
+    in place it reuses the buffer, and where tiles cannot be made the weight is unchanged."""
+    w, t, dense = make_tiled(name)
+    if kernels_on == "torch":  # only our kernels read tiles, so none are made
+        assert t is w
+        return
+    assert t.qtype == gk.TILED[int(Q[name])] and t.data.shape == w.data.shape
+    assert not torch.equal(t.data, w.data) and t.nbytes() == w.nbytes()
+    assert "8-row tiles" in gk.type_name(t.qtype) and gk.x_block(t.qtype) == 256
+    assert torch.equal(gk.dequantize(t).view(torch.int32), dense.float().view(torch.int32))
+    rows = torch.tensor([5, 0, 39, 5, 17, 8])
+    assert torch.equal(gk.dequantize_rows(t, rows), dense[rows].float())
+    same = gk.repack(gk.pack(w.qtype, w.data.clone(), 40, w.in_features), in_place=True)
+    assert torch.equal(same.data, t.data)
+    odd, _ = make_weight(name, n=37)  # not whole tiles: left as the file has it
+    assert gk.repack(odd) is odd
+    q8, _ = make_weight("Q8_0", n=40)
+    assert gk.repack(q8) is q8
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tiled_linear_matches_float64_and_is_batch_invariant(kernels_on, name):
+    """The tiles' product is the product of x's int8 rounding (as the file layout's), and a
+    row's bits do not depend on the call's other rows: 1 row, 5, 16 (one sweep), 17 and 33
+    (several sweeps of 16), threads, an out slice, a bias."""
+    if kernels_on == "torch":
+        pytest.skip("no tiles without our kernels")
+    torch.manual_seed(5)
+    w, t, dense = make_tiled(name, n=48)
+    x = torch.randn(33, w.in_features)
+    x[2, 7] = 30.0
+    ops.set_num_threads(2)
+    y = gk.linear(x, t)
+    xq = gk.quantize_x_reference(x, int(Q[name]))
+    close(y, xq @ dense.T, 1e-5)
+    close(y, gk.linear(x, w).double(), 1e-5)  # the file layout's, up to float rounding
+    for m0, m in ((0, 1), (32, 1), (3, 5), (0, 16), (16, 17), (1, 17)):
+        assert torch.equal(gk.linear(x[m0 : m0 + m], t), y[m0 : m0 + m]), (m0, m)
+    ops.set_num_threads(1)
+    bias = torch.randn(48)
+    wide = torch.zeros(33, 60)
+    gk.linear(x, t, bias, out=wide[:, 5:53])
+    assert torch.equal(wide[:, 5:53], y + bias)
+    with pytest.raises(ValueError, match="int8 x only"):
+        gk.linear(x, t, int8_x=False)
+
+
+def test_a_stack_mixes_tiles_and_file_layouts(kernels_on):
+    """q|k|v as the loader builds it (Q4_K q|k tiled, a Q6_K v tiled, a Q8_0 part as the file
+    has it): each part's columns are its own product, rows independent of the call's others."""
+    if kernels_on == "torch":
+        pytest.skip("no tiles without our kernels")
+    torch.manual_seed(6)
+    ws = [make_tiled("Q4_K", n=24)[1], make_tiled("Q6_K", n=16, seed=1)[1]]
+    raw = make_raw("Q8_0", 8, 512, seed=2)
+    ws.append(gk.pack(int(Q.Q8_0), torch.from_numpy(raw), 8, 512))
+    stack = gk.Stack(ws)
+    x, bias = torch.randn(6, 512), torch.randn(48)
+    y = gk.linear_stack(x, stack, bias)
+    parts = torch.cat([gk.linear(x, w) for w in ws], dim=1)
+    assert torch.equal(y, parts + bias)
+    assert torch.equal(gk.linear_stack(x[4:5], stack, bias), y[4:5])
+    with pytest.raises(ValueError, match="int8 x only"):
+        gk.linear_stack(x, stack, bias, int8_x=False)

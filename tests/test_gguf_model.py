@@ -14,7 +14,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from specdec import LLM, SamplingParams, registry
+from specdec import LLM, SamplingParams, kernels, registry
 from specdec.gguf_model import SOURCE_FILE, GGUFError, GGUFModel
 from specdec.kernels import gguf as gguf_kernels
 from specdec.model import Transformer, resolve_dtype
@@ -219,16 +219,20 @@ def test_native_weights_stay_quantized(tmp_path):
     embed, layer = model.w["embed"], model.w["layers"][0]
     assert isinstance(embed, gguf_kernels.PackedWeight) and embed.qtype == T.Q4_K
     assert isinstance(layer["qkv"], FusedWeight) and len(layer["qkv"].parts) == 2
-    assert [p.weight.qtype for p in layer["qkv"].parts] == [T.Q4_K, T.Q6_K]
+    # the copied matrices in 8-row tiles where our kernels run (the same bytes)
+    tiles = kernels.library() is not None
+    tiled = {int(q): (gguf_kernels.TILED[int(q)] if tiles else int(q)) for q in (T.Q4_K, T.Q6_K)}
+    assert [p.weight.qtype for p in layer["qkv"].parts] == [tiled[T.Q4_K], tiled[T.Q6_K]]
     q_k = layer["qkv"].parts[0].weight
     cfg = model.config
     assert q_k.out_features == (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim
-    assert layer["gate_up"].weight.qtype == T.Q4_K  # one matrix
+    assert layer["gate_up"].weight.qtype == tiled[T.Q4_K]  # one matrix
     assert layer["gate_up"].weight.out_features == 2 * model.config.intermediate_size
-    assert layer["qkv"].bias is not None and layer["down"].weight.qtype == T.Q6_K
+    assert layer["qkv"].bias is not None and layer["down"].weight.qtype == tiled[T.Q6_K]
     assert all(p.int8_x for p in layer["qkv"].parts)  # the default mode: int8 activations
-    exact = Transformer.from_path(path, "exact")
+    exact = Transformer.from_path(path, "exact")  # exact x: the file's layout
     assert not any(p.int8_x for p in exact.w["layers"][0]["qkv"].parts)
+    assert exact.w["layers"][0]["gate_up"].weight.qtype == T.Q4_K
     held = sum(w.nbytes() for w in _packed(model))
     held += sum(t.numel() * t.element_size() for t in _tensors(model))
     assert held <= 1.05 * os.path.getsize(path)
@@ -255,11 +259,13 @@ def test_matrices_live_in_huge_pages_and_the_embedding_in_the_file(tmp_path):
     embed = model.w["embed"]  # a view of the mapped file: where the mapping starts follows
     mapped = embed.data.data_ptr() - on_file["token_embd.weight"].offset
     assert all(not (mapped <= w.data.data_ptr() < mapped + len(file)) for w in mats)
-    # the bytes are the file's: the first layer's down matrix, byte for byte
+    # the values are the file's: the first layer's down matrix, the same bytes in tiles
     t = on_file["blk.0.ffn_down.weight"]
-    assert bytes(model.w["layers"][0]["down"].weight.data.numpy().ravel()) == bytes(
-        file[t.offset : t.offset + t.nbytes]
-    )
+    down = model.w["layers"][0]["down"].weight
+    raw = torch.from_numpy(np.array(file[t.offset : t.offset + t.nbytes]))
+    as_filed = gguf_kernels.pack(int(t.qtype), raw, *t.shape)
+    assert torch.equal(gguf_kernels.dequantize(down), gguf_kernels.dequantize(as_filed))
+    assert down.nbytes() == t.nbytes
     tied = Transformer.from_path(write_gguf(tmp_path / "tied.gguf", "qwen2", types, tied=True))
     head = tied.w["lm_head"].weight
     assert head is tied.w["embed"] and head.data.data_ptr() % 64 == 0

@@ -46,7 +46,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -67,11 +67,13 @@ _SIGNATURES = {
     "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
     "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],
     "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
+    "gguf_repack": [_I, _P, _L, _L, _I],
 }
 _RESTYPES = {
     "gguf_linear": _I,
     "gguf_linear_parts": _I,
     "gguf_dequantize": _I,
+    "gguf_repack": _I,
 }  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only
 

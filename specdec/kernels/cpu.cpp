@@ -664,7 +664,7 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 #include "gguf_kernels.h"
 
 extern "C" {
-int specdec_abi_version() { return 7; }
+int specdec_abi_version() { return 8; }
 int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
@@ -708,6 +708,11 @@ int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, lon
     return gq::with_type(qtype, [&](auto t) { gq::dequantize<decltype(t)>(w, ids, R, K, out, nt); })
                ? 0
                : -1;
+}
+// the file's Q4_K / Q6_K rows [N, K] rearranged in place into 8-row tiles (gguf_kernels.h):
+// the tiled type's code, or -1 (another type, N not a multiple of 8)
+int gguf_repack(int qtype, uint8_t *w, long N, long K, int nt) {
+    return gq::repack_tiles(qtype, w, N, K, nt);
 }
 void rmsnorm(const float *x, const float *w, float *y, long R, long D, float eps, int nt) {
     rmsnorm_rows((float *)x, nullptr, w, y, R, D, eps, nt);

@@ -8,6 +8,9 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of Q4_K/Q6_K (a decode step) skips the buffer: rows_one reads each block in place.
+// Loaded natively, Q4_K and Q6_K are rearranged once into 8-row tiles (R8Q4_K, R8Q6_K below):
+// one instruction then multiplies 4 k of 8 weight rows by one x row, so extra x rows cost only
+// their multiplies (the default target's 5-token pass: 174 -> 105 ms on a Zen 3).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -364,6 +367,7 @@ struct XRows {
     int32_t *s32;
     int16_t *s16;
     int16_t *e2, *e8;  // K-quant form: e per 32 k, twice (per 16 k) and once
+    float *ef, *es;    // K-quant form, per 32 k: e and e * (block sum of q), as floats
 };
 
 static void quantize_block(const float *x, long n, int8_t *q, float *dx) {
@@ -471,6 +475,13 @@ static void prepare_x(const float *x, long K, XRows &xr, bool int8x, int nt) {
         }
         const int16_t *s16 = xr.s16 + m * (KP / 16);
         for (long b = 0; b < KP / 32; b++) xr.s32[m * (KP / 32) + b] = s16[2 * b] + s16[2 * b + 1];
+        if (xr.QX == G) {
+            for (long b = 0; b < KP / 32; b++) {
+                const long i = m * (KP / 32) + b;
+                xr.ef[i] = (float)xr.e8[i];
+                xr.es[i] = (float)(xr.e8[i] * xr.s32[i]);  // |.| <= 32 * 4064: exact
+            }
+        }
     }
 }
 
@@ -726,6 +737,323 @@ static void rows_one(const Job &j, long n0, long n1) {
     }
 }
 
+// ---- 8-row tiles: Q4_K and Q6_K repacked at load ---------------------------------------------
+// In the file a row's super-blocks follow each other, so a product reads one weight row at a
+// time and pays, per x row, shuffles that spread the row's scales over the lanes. Repacked
+// (``repack``), tile t holds weight rows 8t..8t+7 group by group, the same bytes rearranged:
+// a "step" is 32 bytes, k 4s..4s+3 of each of the 8 rows (byte 4r + i: row r, k 4s + i). One
+// step times x's 4 bytes broadcast is one maddubs for 8 rows, and every per-row quantity (d,
+// scales, mins) is a lane of a vector: nothing is shuffled per x row. The decoded steps stay in
+// registers / L1 and serve every x row of the pass, so a verify pass of K+1 tokens costs little
+// more than a decode step. (The interleaved-rows idea of the fastest CPU engines' repacked
+// types, written for our x form.)
+//
+// Per x row, weight row r and block j of 32 k: the integer sum S = sum_k q * xq (maddubs pairs,
+// then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
+// U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
+// function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
+enum : int { Q4_K_R8 = 112, Q6_K_R8 = 114 };  // our tile layouts, named after the file types
+
+struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
+    __m256i sc[16];  // Q4_K: [j] block j's scale at lanes 2r and 2r+1 (madd pairs);
+                     // Q6_K: [i] sub-block i's scale the same way
+    __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
+    __m256 mn[8];    // Q4_K: block j's mins as floats, lane r
+    __m256 d, dmin;  // lane r
+};
+
+static inline __m256i bcast4(const int8_t *p) {  // 4 bytes into every 32-bit lane
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+static inline __m256i pairs_u8(__m128i v8) {  // 8 bytes (low half) -> 16 int16, each twice
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v8, v8));
+}
+static inline __m256i pairs_i8(__m128i v8) {
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v8, v8));
+}
+
+// Q4_K tile-group, 8 * 144 bytes: d[8], dmin[8] (fp16), the 12 scale bytes of each row as three
+// 32-bit words a0[8], a1[8], a2[8], then 32 vectors: 4j + t holds step t of block j in its low
+// nibbles and step t + 4 in its high ones.
+struct R8Q4_K {
+    static constexpr int QK = 256, BYTES = 144, TG = 8 * 144;
+    typedef TQ4_K Base;  // the file's type
+    static void head(const uint8_t *tg, R8Group &u) {
+        u.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tg + 16)));
+        // the rows' 6-bit scales and mins (lane r = row r, byte j = block j, as scales_k4)
+        const __m256i a0 = ld(tg + 32), a1 = ld(tg + 64), a2 = ld(tg + 96);
+        const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4 = _mm256_set1_epi32(0x0f0f0f0f);
+        const __m256i top = _mm256_set1_epi32(0x30303030);
+        const __m256i v[4] = {
+            _mm256_and_si256(a0, m6),  // scales of blocks 0-3
+            _mm256_or_si256(_mm256_and_si256(a2, m4),
+                            _mm256_and_si256(_mm256_srli_epi32(a0, 2), top)),  // 4-7
+            _mm256_and_si256(a1, m6),  // mins 0-3
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a2, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi32(a1, 2), top)),  // 4-7
+        };
+        // byte j of lanes 0-3 | 4-7 -> per half: [j0: rows][j1: rows][j2][j3]
+        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        for (int h = 0; h < 4; h++) {
+            const __m256i t = _mm256_shuffle_epi8(v[h], tr);
+            const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+            const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
+            const __m128i js[4] = {j01, _mm_srli_si128(j01, 8), j23, _mm_srli_si128(j23, 8)};
+            for (int q = 0; q < 4; q++) {  // block 4 * (h & 1) + q: 8 bytes, row r in byte r
+                const int j = 4 * (h & 1) + q;
+                if (h < 2)
+                    u.sc[j] = pairs_u8(js[q]);
+                else
+                    u.mn[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
+            }
+        }
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
+        const __m256i low4 = bytes(15);
+        for (int t = 0; t < 4; t++) {
+            const __m256i v4 = ld(tg + 128 + 32 * (4 * j + t));
+            w[t] = _mm256_and_si256(v4, low4);
+            w[t + 4] = _mm256_and_si256(srl16(v4, 4), low4);
+        }
+    }
+    // block j of one x row (xq: its 32 bytes) into T (scaled sums) and U (mins' sums)
+    static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                           const float *ef, const float *es, const int16_t *, int j, __m256 &T,
+                           __m256 &U) {
+        __m256i P = _mm256_setzero_si256();  // <= 8 * 2 * 15 * 127: no int16 overflow
+        for (int s = 0; s < 8; s++)
+            P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
+        const __m256i S = _mm256_madd_epi16(P, u.sc[j]);
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+        U = _mm256_fmadd_ps(u.mn[j], _mm256_set1_ps(es[j]), U);
+    }
+    // row r of a tile-group as the file's block (dequantize, tests)
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memcpy(b, tg + 2 * r, 2);
+        memcpy(b + 2, tg + 16 + 2 * r, 2);
+        for (int w = 0; w < 3; w++) memcpy(b + 4 + 4 * w, tg + 32 + 32 * w + 4 * r, 4);
+        uint8_t q[G];
+        for (int k = 0; k < G; k++) {
+            const int j = k / 32, s = k % 32 / 4, i = k % 4;
+            const uint8_t v = tg[128 + 32 * (4 * j + s % 4) + 4 * r + i];
+            q[k] = s < 4 ? v & 15 : v >> 4;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                b[16 + 32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+    }
+    // the file's blocks of rows r0..r0+7 (group g) -> a tile-group
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        uint8_t q[8][G];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b, 2);
+            memcpy(tg + 16 + 2 * r, b + 2, 2);
+            for (int w = 0; w < 3; w++) memcpy(tg + 32 + 32 * w + 4 * r, b + 4 + 4 * w, 4);
+            KBuf u;
+            TQ4_K::parts(b, u);
+            memcpy(q[r], u.q, G);
+        }
+        for (int j = 0; j < 8; j++)
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 8; r++)
+                    for (int i = 0; i < 4; i++)
+                        tg[128 + 32 * (4 * j + t) + 4 * r + i] = (uint8_t)(
+                            q[r][32 * j + 4 * t + i] | q[r][32 * j + 16 + 4 * t + i] << 4);
+    }
+};
+
+// Q6_K tile-group, 8 * 210 bytes: d[8] (fp16), the int8 scales as [sub-block i][row] (128),
+// then 32 vectors of the quants' low 4 bits (4j + t: step t of block j low, t + 4 high) and 16
+// of their top 2 bits (2j + h: steps 4h .. 4h + 3 of block j in bits 0-1, 2-3, 4-5, 6-7).
+struct R8Q6_K {
+    static constexpr int QK = 256, BYTES = 210, TG = 8 * 210;
+    typedef TQ6_K Base;
+    static void head(const uint8_t *tg, R8Group &u) {
+        u.d = u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        const uint8_t *sc = tg + 16;
+        for (int i = 0; i < 16; i++)
+            u.sc[i] = pairs_i8(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
+        for (int j = 0; j < 8; j++)
+            u.sc2[j] = _mm256_cvtepi8_epi16(
+                _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sc + 16 * j)),
+                                  _mm_loadl_epi64((const __m128i *)(sc + 16 * j + 8))));
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // q + 32, unsigned
+        const __m256i low4 = bytes(15), b45 = bytes(0x30);
+        const __m256i h0 = ld(tg + 1168 + 64 * j), h1 = ld(tg + 1168 + 64 * j + 32);
+        // bits 2t, 2t + 1 of h -> bits 4, 5
+        const __m256i hs0[4] = {_mm256_slli_epi16(h0, 4), _mm256_slli_epi16(h0, 2), h0,
+                                _mm256_srli_epi16(h0, 2)};
+        const __m256i hs1[4] = {_mm256_slli_epi16(h1, 4), _mm256_slli_epi16(h1, 2), h1,
+                                _mm256_srli_epi16(h1, 2)};
+        for (int t = 0; t < 4; t++) {
+            const __m256i v4 = ld(tg + 144 + 32 * (4 * j + t));
+            w[t] = _mm256_or_si256(_mm256_and_si256(v4, low4), _mm256_and_si256(hs0[t], b45));
+            w[t + 4] = _mm256_or_si256(_mm256_and_si256(srl16(v4, 4), low4),
+                                       _mm256_and_si256(hs1[t], b45));
+        }
+    }
+    // (Tried: signed q - 32 against |x| and sign(x), one madd per 16 k instead of two and no
+    // offset term: fewer multiplies, yet ~8% slower at M = 5 on a Zen 3.)
+    static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                           const float *ef, const float *, const int16_t *s16, int j, __m256 &T,
+                           __m256 &) {
+        __m256i S = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {  // steps 2p, 2p + 1: <= 2 * 2 * 63 * 127 in int16
+            const __m256i P =
+                _mm256_add_epi16(_mm256_maddubs_epi16(w[2 * p], bcast4(xq + 8 * p)),
+                                 _mm256_maddubs_epi16(w[2 * p + 1], bcast4(xq + 8 * p + 4)));
+            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + p / 2]));
+        }
+        // q is stored + 32: minus 32 * sum_i sc_i * (x's sum over sub-block i)
+        int32_t pair;
+        memcpy(&pair, s16 + 2 * j, 4);
+        const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
+        S = _mm256_sub_epi32(S, _mm256_slli_epi32(O, 5));
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+    }
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memcpy(b + 208, tg + 2 * r, 2);
+        for (int i = 0; i < 16; i++) b[192 + i] = tg[16 + 8 * i + r];
+        uint8_t q[G];
+        for (int k = 0; k < G; k++) {
+            const int j = k / 32, s = k % 32 / 4, i = k % 4;
+            const uint8_t v = tg[144 + 32 * (4 * j + s % 4) + 4 * r + i];
+            const uint8_t h = tg[1168 + 32 * (2 * j + s / 4) + 4 * r + i];
+            q[k] = (uint8_t)((s < 4 ? v & 15 : v >> 4) | ((h >> (2 * (s % 4))) & 3) << 4);
+        }
+        memset(b, 0, 192);
+        for (int k = 0; k < G; k++) {  // the file: k = 128h + 32s + l
+            const int h = k / 128, s = k % 128 / 32, l = k % 32;
+            b[64 * h + 32 * (s & 1) + l] |= (uint8_t)((q[k] & 15) << (4 * (s >> 1)));
+            b[128 + 32 * h + l] |= (uint8_t)((q[k] >> 4) << (2 * s));
+        }
+    }
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        uint8_t q[8][G];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b + 208, 2);
+            for (int i = 0; i < 16; i++) tg[16 + 8 * i + r] = b[192 + i];
+            KBuf u;
+            TQ6_K::parts(b, u);
+            memcpy(q[r], u.q, G);
+        }
+        for (int j = 0; j < 8; j++)
+            for (int r = 0; r < 8; r++)
+                for (int i = 0; i < 4; i++) {
+                    for (int t = 0; t < 4; t++)
+                        tg[144 + 32 * (4 * j + t) + 4 * r + i] =
+                            (uint8_t)((q[r][32 * j + 4 * t + i] & 15) |
+                                      (q[r][32 * j + 16 + 4 * t + i] & 15) << 4);
+                    for (int h = 0; h < 2; h++) {
+                        uint8_t v = 0;
+                        for (int t = 0; t < 4; t++)
+                            v |= (uint8_t)((q[r][32 * j + 16 * h + 4 * t + i] >> 4) << (2 * t));
+                        tg[1168 + 32 * (2 * j + h) + 4 * r + i] = v;
+                    }
+                }
+    }
+};
+
+template <class T>
+constexpr bool TILED = false;
+template <>
+constexpr bool TILED<R8Q4_K> = true;
+template <>
+constexpr bool TILED<R8Q6_K> = true;
+
+// x rows m0 .. m0 + mc of one tile (MC: the most; MC = 1 keeps everything in registers)
+template <class T, int MC>
+static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long mc) {
+    const XRows &x = *j.x;
+    __m256 A[MC], B[MC];
+    for (long m = 0; m < mc; m++) A[m] = B[m] = _mm256_setzero_ps();
+    R8Group u;
+    for (long g = 0; g < j.groups; g++) {
+        const uint8_t *tg = tile + g * T::TG;
+        // the stream two groups on, a block's share at a time: a burst of the group's 18-27
+        // prefetches at once stalls the loads (one token's Q6_K head: 10.8 -> 7.7 ms)
+        const char *ahead = (const char *)(tg + 2 * T::TG);
+        constexpr long PF = (T::TG + 8 * 64 - 1) / (8 * 64) * 64;  // bytes per block
+        T::head(tg, u);
+        __m256 Ts[MC], Us[MC];
+        for (long m = 0; m < mc; m++) Ts[m] = Us[m] = _mm256_setzero_ps();
+        for (int jb = 0; jb < 8; jb++) {
+            __m256i w[8];
+            for (long b = jb * PF; b < (jb + 1) * PF && b < T::TG; b += 64)
+                _mm_prefetch(ahead + b, _MM_HINT_T0);
+            T::steps(tg, jb, w);
+            for (long m = 0; m < mc; m++) {
+                const long r = m0 + m, k32 = r * (x.KP / 32) + g * 8;
+                T::dot(u, w, x.q + r * x.KP + g * G + 32 * jb, x.ef + k32, x.es + k32,
+                       x.s16 + r * (x.KP / 16) + g * 16, jb, Ts[m], Us[m]);
+            }
+        }
+        for (long m = 0; m < mc; m++) {
+            const __m256 base = _mm256_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
+            A[m] = _mm256_fmadd_ps(Ts[m], _mm256_mul_ps(u.d, base), A[m]);
+            B[m] = _mm256_fnmadd_ps(Us[m], _mm256_mul_ps(u.dmin, base), B[m]);
+        }
+    }
+    for (long m = 0; m < mc; m++) {
+        alignas(32) float y[8];
+        _mm256_store_ps(y, _mm256_add_ps(A[m], B[m]));
+        float *out = j.y + (m0 + m) * j.ldy + n0;
+        for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+    }
+}
+
+// one tile (weight rows n0..n0+7) for every x row of the pass
+template <class T>
+static void rows_r8(const Job &j, long n0, long) {
+    const uint8_t *tile = j.w + n0 * j.rb;  // 8 rows' bytes, group by group
+    constexpr long MC = 16;
+    if (j.x->M == 1) return tile_rows<T, 1>(j, tile, n0, 0, 1);
+    for (long m0 = 0; m0 < j.x->M; m0 += MC)
+        tile_rows<T, MC>(j, tile, n0, m0, j.x->M - m0 < MC ? j.x->M - m0 : MC);
+}
+
+// file layout -> tiles, in place: a matrix of N (a multiple of 8) rows of K
+template <class T>
+static void repack(uint8_t *w, long N, long K, int nt) {
+    const long groups = K / G, rb = groups * T::BYTES;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (long t = 0; t < N / 8; t++) {
+        uint8_t *tile = w + t * 8 * rb;
+        uint8_t *copy = (uint8_t *)malloc(8 * rb);
+        memcpy(copy, tile, 8 * rb);
+        for (long g = 0; g < groups; g++) {
+            const uint8_t *blocks[8];
+            for (int r = 0; r < 8; r++) blocks[r] = copy + r * rb + g * T::BYTES;
+            T::pack(blocks, tile + g * T::TG);
+        }
+        free(copy);
+    }
+}
+
+// rows of a tiled matrix as fp32, by way of the file's blocks
+template <class T>
+static void dequantize_tiled(const uint8_t *w, const int64_t *ids, long R, long K, float *out,
+                             int nt) {
+    const long groups = K / G, rb = groups * T::BYTES;
+#pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
+    for (long r = 0; r < R; r++) {
+        const long n = ids ? ids[r] : r;
+        const uint8_t *tile = w + n / 8 * 8 * rb;
+        alignas(64) uint8_t b[T::BYTES];
+        for (long g = 0; g < groups; g++) {
+            T::block(tile + g * T::TG, (int)(n % 8), b);
+            group_f32<typename T::Base>(b, 0, G, out + r * K + g * G);
+        }
+    }
+}
+
 // qtype -> a call of F<T> (false for a type without kernels)
 template <class F>
 static bool with_type(int qtype, F &&f) {
@@ -743,6 +1071,8 @@ static bool with_type(int qtype, F &&f) {
         case Q4_K: f(TQ4_K{}); return true;
         case Q5_K: f(TQ5_K{}); return true;
         case Q6_K: f(TQ6_K{}); return true;
+        case Q4_K_R8: f(R8Q4_K{}); return true;
+        case Q6_K_R8: f(R8Q6_K{}); return true;
         default: return false;
     }
 }
@@ -753,7 +1083,9 @@ typedef void (*RowsFn)(const Job &, long, long);
 template <class T>
 static RowsFn rows_fn(bool int8x, long M) {
     constexpr Kind KD = kind<T>();
-    if constexpr (KD == KQ) {
+    if constexpr (TILED<T>) {
+        return int8x ? rows_r8<T> : nullptr;  // tiles exist for int8 x only
+    } else if constexpr (KD == KQ) {
         if constexpr (ONE_ROW<T>) {
             if (int8x && M == 1) return rows_one<T>;
         }
@@ -788,17 +1120,19 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
             xkind[p] = !i8 ? 2 : KD == KQ ? 0 : 1;
             need[xkind[p]] = true;
             fns[p] = rows_fn<T>(i8, M);
+            if (TILED<T> && Ns[p] % 8) fns[p] = nullptr;
             jobs[p] = Job{ws[p], K / T::QK * T::BYTES, Ns[p], K, groups, nullptr, y + col, ldy,
                           bias ? bias + col : nullptr};
         });
-        if (!ok) return -1;
+        if (!ok || !fns[p]) return -1;
         col += Ns[p];
         first_item[p + 1] = first_item[p] + (Ns[p] + 7) / 8;
     }
-    // x as each kind of part reads it: int8 q M*KP bytes then s16, s32 and dx (M*KP/8 bytes
-    // each at most), or fp32 M*KP
-    XRows xr[3] = {{M, KP, 256, 0, 0, 0, 0, 0, 0, 0}, {M, KP, 32, 0, 0, 0, 0, 0, 0, 0},
-                   {M, KP, 0, 0, 0, 0, 0, 0, 0, 0}};
+    // x as each kind of part reads it: int8 q M*KP bytes then s16, s32, dx, e2 (M*KP/8 bytes
+    // each at most), e8 (M*KP/16), ef and es (M*KP/8 each): under 2 * M*KP; or fp32 M*KP
+    XRows xr[3] = {{M, KP, 256, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+                   {M, KP, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+                   {M, KP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
     void *mem[3] = {nullptr, nullptr, nullptr};
     for (int v = 0; v < 3; v++) {
         if (!need[v]) continue;
@@ -810,6 +1144,8 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
             xr[v].dx = (float *)(xr[v].s32 + M * KP / 32);
             xr[v].e2 = (int16_t *)(xr[v].dx + M * KP / 32);  // M*KP/16 int16
             xr[v].e8 = xr[v].e2 + M * KP / 16;                 // M*KP/32 int16
+            xr[v].ef = (float *)(xr[v].e8 + M * KP / 32);      // M*KP/32 floats, twice
+            xr[v].es = xr[v].ef + M * KP / 32;
         } else {
             xr[v].xf = (float *)mem[v];
         }
@@ -833,7 +1169,8 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
 
 // rows of the matrix as fp32 (all R rows, or the listed ones): out [R][K]
 template <class T>
-static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
+static void dequantize_file(const uint8_t *w, const int64_t *ids, long R, long K, float *out,
+                            int nt) {
     const long groups = (K + G - 1) / G, rb = K / T::QK * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
     for (long r = 0; r < R; r++) {
@@ -845,6 +1182,23 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, flo
             memcpy(out + r * K + g * G, buf, n * sizeof(float));
         }
     }
+}
+
+template <class T>
+static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
+    if constexpr (TILED<T>)
+        dequantize_tiled<T>(w, ids, R, K, out, nt);
+    else
+        dequantize_file<T>(w, ids, R, K, out, nt);
+}
+
+// a matrix of the file's Q4_K or Q6_K (N a multiple of 8) rearranged into tiles, in place:
+// returns the tiled type, or -1
+static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
+    if (N % 8 || K % G) return -1;
+    if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
+    if (qtype == Q6_K) return repack<R8Q6_K>(w, N, K, nt), Q6_K_R8;
+    return -1;
 }
 
 }  // namespace gq
