@@ -285,3 +285,24 @@ def test_a_stack_mixes_tiles_and_file_layouts(kernels_on):
     assert torch.equal(gk.linear_stack(x[4:5], stack, bias), y[4:5])
     with pytest.raises(ValueError, match="int8 x only"):
         gk.linear_stack(x, stack, bias, int8_x=False)
+
+
+@pytest.mark.parametrize("name", TILED)
+def test_tiles_give_the_same_bits_in_every_build(monkeypatch, name):
+    """The AVX2 path (maddubs, madd with the scales) and the VNNI one (dpbusd, scales applied
+    after) compute the same integers and the same float operations: identical bits."""
+    torch.manual_seed(7)
+    w, _, _ = make_tiled(name, n=16)
+    x = torch.randn(5, w.in_features)
+    ys = {}
+    for build in kernels.BUILDS:
+        lib, _ = kernels.load_build(build)
+        if lib is None:
+            continue
+        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        ys[build] = gk.linear(x, gk.repack(w))
+    if len(ys) < 2:
+        pytest.skip(f"this CPU runs one build only ({', '.join(ys) or 'none'})")
+    first = next(iter(ys.values()))
+    for build, y in ys.items():
+        assert torch.equal(y, first), build

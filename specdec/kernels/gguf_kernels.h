@@ -760,6 +760,10 @@ struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
     __m256 mn[8];    // Q4_K: block j's mins as floats, lane r
     __m256 d, dmin;  // lane r
+#if defined(__AVX512VNNI__)
+    __m256 scf[8];    // Q4_K: block j's scale as a float, lane r
+    __m256i sc32[16];  // Q6_K: sub-block i's scale as int32, lane r
+#endif
 };
 
 static inline __m256i bcast4(const int8_t *p) {  // 4 bytes into every 32-bit lane
@@ -767,6 +771,13 @@ static inline __m256i bcast4(const int8_t *p) {  // 4 bytes into every 32-bit la
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
+#if defined(__AVX512VNNI__)
+// S += w (unsigned) times 4 bytes of x broadcast, the broadcast folded into the instruction
+// (EVEX m32bcst; GCC emits a separate vpbroadcastd): at M = 16 a Q4_K tile 15% faster (Zen 4)
+static inline void dp_bcast(__m256i &S, __m256i w, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
+}
+#endif
 static inline __m256i pairs_u8(__m128i v8) {  // 8 bytes (low half) -> 16 int16, each twice
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(v8, v8));
 }
@@ -805,9 +816,12 @@ struct R8Q4_K {
             const __m128i js[4] = {j01, _mm_srli_si128(j01, 8), j23, _mm_srli_si128(j23, 8)};
             for (int q = 0; q < 4; q++) {  // block 4 * (h & 1) + q: 8 bytes, row r in byte r
                 const int j = 4 * (h & 1) + q;
-                if (h < 2)
+                if (h < 2) {
                     u.sc[j] = pairs_u8(js[q]);
-                else
+#if defined(__AVX512VNNI__)
+                    u.scf[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
+#endif
+                } else
                     u.mn[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
             }
         }
@@ -824,11 +838,27 @@ struct R8Q4_K {
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const float *es, const int16_t *, int j, __m256 &T,
                            __m256 &U) {
+#if defined(__AVX512VNNI__)
+        // dpbusd sums 4 products per row lane, in four short chains (one chain of 8 would
+        // bound the x-row loop by its latency); the row's scale is then applied in fp32,
+        // exact (|S| < 2^16, scale < 2^6): the AVX2 path's float, bit for bit
+        __m256i S4[4];
+        for (int s = 0; s < 4; s++) {
+            S4[s] = _mm256_setzero_si256();
+            dp_bcast(S4[s], w[s], xq + 4 * s);
+            dp_bcast(S4[s], w[s + 4], xq + 16 + 4 * s);
+        }
+        const __m256i S = _mm256_add_epi32(_mm256_add_epi32(S4[0], S4[1]),
+                                           _mm256_add_epi32(S4[2], S4[3]));
+        const __m256 Ss = _mm256_mul_ps(_mm256_cvtepi32_ps(S), u.scf[j]);
+        T = _mm256_fmadd_ps(Ss, _mm256_set1_ps(ef[j]), T);
+#else
         __m256i P = _mm256_setzero_si256();  // <= 8 * 2 * 15 * 127: no int16 overflow
         for (int s = 0; s < 8; s++)
             P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
         const __m256i S = _mm256_madd_epi16(P, u.sc[j]);
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+#endif
         U = _mm256_fmadd_ps(u.mn[j], _mm256_set1_ps(es[j]), U);
     }
     // row r of a tile-group as the file's block (dequantize, tests)
@@ -876,8 +906,12 @@ struct R8Q6_K {
     static void head(const uint8_t *tg, R8Group &u) {
         u.d = u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
         const uint8_t *sc = tg + 16;
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < 16; i++) {
             u.sc[i] = pairs_i8(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
+#if defined(__AVX512VNNI__)
+            u.sc32[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
+#endif
+        }
         for (int j = 0; j < 8; j++)
             u.sc2[j] = _mm256_cvtepi8_epi16(
                 _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sc + 16 * j)),
@@ -903,6 +937,19 @@ struct R8Q6_K {
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const float *, const int16_t *s16, int j, __m256 &T,
                            __m256 &) {
+#if defined(__AVX512VNNI__)
+        // per sub-block of 16 k: dpbusd's row sums times the row's scale (int32, exact)
+        __m256i S2[4];  // four short chains (latency): steps s, s + 2 of each sub-block
+        for (int c = 0; c < 4; c++) {
+            const int s = 4 * (c / 2) + c % 2;
+            S2[c] = _mm256_setzero_si256();
+            dp_bcast(S2[c], w[s], xq + 4 * s);
+            dp_bcast(S2[c], w[s + 2], xq + 4 * s + 8);
+        }
+        const __m256i S0 = _mm256_add_epi32(S2[0], S2[1]), S1 = _mm256_add_epi32(S2[2], S2[3]);
+        __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
+                                     _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+#else
         __m256i S = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  // steps 2p, 2p + 1: <= 2 * 2 * 63 * 127 in int16
             const __m256i P =
@@ -910,6 +957,7 @@ struct R8Q6_K {
                                  _mm256_maddubs_epi16(w[2 * p + 1], bcast4(xq + 8 * p + 4)));
             S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + p / 2]));
         }
+#endif
         // q is stored + 32: minus 32 * sum_i sc_i * (x's sum over sub-block i)
         int32_t pair;
         memcpy(&pair, s16 + 2 * j, 4);
@@ -1013,7 +1061,10 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
 template <class T>
 static void rows_r8(const Job &j, long n0, long) {
     const uint8_t *tile = j.w + n0 * j.rb;  // 8 rows' bytes, group by group
-    constexpr long MC = 16;
+#ifndef TILE_MC
+#define TILE_MC 16
+#endif
+    constexpr long MC = TILE_MC;
     if (j.x->M == 1) return tile_rows<T, 1>(j, tile, n0, 0, 1);
     for (long m0 = 0; m0 < j.x->M; m0 += MC)
         tile_rows<T, MC>(j, tile, n0, m0, j.x->M - m0 < MC ? j.x->M - m0 : MC);
