@@ -171,8 +171,8 @@ class DraftConfig:
 
     quantization: str = option(
         "auto",
-        "drafter matrices: 'auto' (int4 on our CPU kernels, as loaded elsewhere), 'none', "
-        "'int8', 'int4'",
+        "drafter matrices: 'auto' (a GGUF draft as its file holds it, other weights int4 on "
+        "our CPU kernels, as loaded elsewhere), 'none', 'int8', 'int4'",
         DRAFT_QUANTIZATIONS,
         keyword="draft_quantization",
     )

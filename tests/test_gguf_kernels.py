@@ -210,7 +210,7 @@ def test_bad_input_is_a_clear_error():
     assert w.nbytes() == 576
 
 
-TILED = ["Q4_K", "Q6_K"]
+TILED = ["Q5_0", "Q4_K", "Q6_K"]
 
 
 def make_tiled(name: str, n: int = 40, seed: int = 0):
@@ -229,7 +229,7 @@ def test_tiles_hold_the_same_weights(kernels_on, name):
         return
     assert t.qtype == gk.TILED[int(Q[name])] and t.data.shape == w.data.shape
     assert not torch.equal(t.data, w.data) and t.nbytes() == w.nbytes()
-    assert "8-row tiles" in gk.type_name(t.qtype) and gk.x_block(t.qtype) == 256
+    assert "8-row tiles" in gk.type_name(t.qtype) and gk.x_block(t.qtype) == gk.x_block(w.qtype)
     assert torch.equal(gk.dequantize(t).view(torch.int32), dense.float().view(torch.int32))
     rows = torch.tensor([5, 0, 39, 5, 17, 8])
     assert torch.equal(gk.dequantize_rows(t, rows), dense[rows].float())

@@ -406,6 +406,7 @@ def test_greedy_sd_equals_ar(files, home, dtype, draft):
     sd = LLM(str(files["llama"]), method="sd", draft_model=str(files[draft]), dtype=dtype,
              num_speculative_tokens=3)  # fmt: skip
     assert sd.decoder.drafter.model.native
+    assert sd.draft.quantization is None or dtype == "exact"  # auto: the file's own blocks
     assert [o.token_ids for o in sd.generate(prompts, params)] == want
     assert len(want[0]) == 10 and len(set(want[0])) > 1
 
@@ -439,6 +440,20 @@ def test_dtype_policy():
         assert resolve_dtype("auto", cpu) == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'int3'"):
         resolve_dtype("int3", cpu)
+
+
+def test_draft_quantization_policy():
+    """'auto': a natively loaded GGUF draft keeps its file's blocks (tiles where our kernels
+    run), other drafts become int4 on our kernels; elsewhere the draft stays as loaded."""
+    from specdec import ops
+    from specdec.llm import resolve_draft_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_draft_quantization("auto", cpu, native_gguf=True) is None
+    assert resolve_draft_quantization("auto", cpu) == ("int4" if ops.use_kernels(cpu) else None)
+    assert resolve_draft_quantization("auto", torch.device("cuda")) is None
+    assert resolve_draft_quantization("int4", cpu, native_gguf=True) == "int4"
+    assert resolve_draft_quantization("none", cpu) is None
 
 
 def test_dequantized_on_torch_path(files, torch_ops):

@@ -38,9 +38,10 @@ SUPPORTED: frozenset[int] = frozenset(  # the file types we multiply
 )
 FLOATS = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))  # int8_x does not apply to these
 # the file's type -> our layout of it in 8-row tiles (``repack``; codes of gguf_kernels.h)
-TILED = {int(Q.Q4_K): 112, int(Q.Q6_K): 114}
+TILED = {int(Q.Q5_0): 106, int(Q.Q4_K): 112, int(Q.Q6_K): 114}
 FILE_TYPE = {tiled: file for file, tiled in TILED.items()}
-K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)) | set(FILE_TYPE)
+K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
+K_QUANTS |= {t for t, f in FILE_TYPE.items() if f in K_QUANTS}
 
 
 def supported(qtype: int) -> bool:
@@ -96,7 +97,7 @@ def pack(qtype: int, raw: torch.Tensor, out_features: int, in_features: int) -> 
 
 
 def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
-    """``w`` rearranged into 8-row tiles where that pays (Q4_K and Q6_K with a multiple of 8
+    """``w`` rearranged into 8-row tiles where that pays (Q5_0, Q4_K, Q6_K with a multiple of 8
     rows, our kernels loaded), else ``w`` itself. A tile holds 8 rows group by group so that
     one instruction multiplies 4 k of all 8 rows by one x row: products of several x rows (a
     verify pass) cost far less than with the file's row-by-row layout, and one x row no more.

@@ -752,7 +752,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
-enum : int { Q4_K_R8 = 112, Q6_K_R8 = 114 };  // our tile layouts, named after the file types
+enum : int { Q5_0_R8 = 106, Q4_K_R8 = 112, Q6_K_R8 = 114 };  // our tile layouts (file type + 100)
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc[16];  // Q4_K: [j] block j's scale at lanes 2r and 2r+1 (madd pairs);
@@ -1009,8 +1009,86 @@ struct R8Q6_K {
     }
 };
 
+// Q5_0 tile-group, 8 rows x one block of 32 k (8 * 22 bytes): d[8] (fp16), 4 vectors of the
+// low 4 bits (t: step t in the low nibbles, step t + 4 in the high ones), 1 of the fifth bits
+// (byte 4r + i, bit s: k 4s + i of row r). The draft model's type (its K = 896 rules K-quants
+// out): in the file layout a 1-token product reached 21 GB/s, bound by unpacking.
+struct R8Q5_0 {
+    static constexpr int QK = 32, BYTES = 22, TG = 8 * 22;
+    typedef TQ5_0 Base;
+    static inline void steps(const uint8_t *tg, __m256i (&w)[8]) {  // q in 0..31 (+16)
+        const __m256i low4 = bytes(15), b4 = bytes(16), h = ld(tg + 144);
+        const __m256i hs[8] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3),
+                               _mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1),
+                               h,                       _mm256_srli_epi16(h, 1),
+                               _mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)};  // bit s -> 4
+        for (int t = 0; t < 4; t++) {
+            const __m256i v4 = ld(tg + 16 + 32 * t);
+            w[t] = _mm256_or_si256(_mm256_and_si256(v4, low4), _mm256_and_si256(hs[t], b4));
+            w[t + 4] = _mm256_or_si256(_mm256_and_si256(srl16(v4, 4), low4),
+                                       _mm256_and_si256(hs[t + 4], b4));
+        }
+    }
+    // one block of one x row (xq: its 32 bytes, sum: their sum, dx: their step) into A
+    static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m256 d, __m256 &A) {
+#if defined(__AVX512VNNI__)
+        __m256i S4[4];
+        for (int s = 0; s < 4; s++) {
+            S4[s] = _mm256_setzero_si256();
+            dp_bcast(S4[s], w[s], xq + 4 * s);
+            dp_bcast(S4[s], w[s + 4], xq + 16 + 4 * s);
+        }
+        __m256i S = _mm256_add_epi32(_mm256_add_epi32(S4[0], S4[1]),
+                                     _mm256_add_epi32(S4[2], S4[3]));
+#else
+        __m256i P[2];  // 4 steps each: <= 4 * 2 * 31 * 127 in int16
+        for (int h = 0; h < 2; h++)
+            P[h] = _mm256_add_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(w[4 * h], bcast4(xq + 16 * h)),
+                                 _mm256_maddubs_epi16(w[4 * h + 1], bcast4(xq + 16 * h + 4))),
+                _mm256_add_epi16(_mm256_maddubs_epi16(w[4 * h + 2], bcast4(xq + 16 * h + 8)),
+                                 _mm256_maddubs_epi16(w[4 * h + 3], bcast4(xq + 16 * h + 12))));
+        const __m256i one = _mm256_set1_epi16(1);
+        __m256i S = _mm256_add_epi32(_mm256_madd_epi16(P[0], one), _mm256_madd_epi16(P[1], one));
+#endif
+        S = _mm256_sub_epi32(S, _mm256_set1_epi32(16 * sum));  // q is stored + 16
+        A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
+    }
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memcpy(b, tg + 2 * r, 2);
+        uint32_t qh = 0;
+        memset(b + 6, 0, 16);
+        for (int k = 0; k < 32; k++) {
+            const int s = k / 4, i = k % 4;
+            const uint8_t v = tg[16 + 32 * (s % 4) + 4 * r + i];
+            const int q = (s < 4 ? v & 15 : v >> 4) | ((tg[144 + 4 * r + i] >> s) & 1) << 4;
+            b[6 + k % 16] |= (uint8_t)((q & 15) << (k < 16 ? 0 : 4));
+            qh |= (uint32_t)(q >> 4) << k;
+        }
+        memcpy(b + 2, &qh, 4);
+    }
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        memset(tg + 16, 0, TG - 16);
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b, 2);
+            uint32_t qh;
+            memcpy(&qh, b + 2, 4);
+            for (int k = 0; k < 32; k++) {
+                const int q = (k < 16 ? b[6 + k] & 15 : b[6 + k - 16] >> 4) | ((qh >> k) & 1) << 4;
+                const int s = k / 4, i = k % 4;
+                tg[16 + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q & 15) << (s < 4 ? 0 : 4));
+                tg[144 + 4 * r + i] |= (uint8_t)((q >> 4) << s);
+            }
+        }
+    }
+};
+
 template <class T>
 constexpr bool TILED = false;
+template <>
+constexpr bool TILED<R8Q5_0> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
@@ -1057,23 +1135,55 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
     }
 }
 
+// the same for tiles of 32-blocks (Q5_0): block b of the 8 rows is the tile-group b; each
+// block's product is scaled (d * dx) and added on its own, as the file layout's
+template <class T, int MC>
+static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0, long mc) {
+    const XRows &x = *j.x;
+    const long nb = j.K / T::QK;
+    __m256 A[MC];
+    for (long m = 0; m < mc; m++) A[m] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *tg = tile + b * T::TG;
+        const char *ahead = (const char *)(tg + 12 * T::TG);  // ~2 KB on, as the K-quants'
+        for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+        __m256i w[8];
+        T::steps(tg, w);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        for (long m = 0; m < mc; m++) {
+            const long r = m0 + m, xb = r * (x.KP / 32) + b;
+            T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
+        }
+    }
+    for (long m = 0; m < mc; m++) {
+        alignas(32) float y[8];
+        _mm256_store_ps(y, A[m]);
+        float *out = j.y + (m0 + m) * j.ldy + n0;
+        for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+    }
+}
+
 // one tile (weight rows n0..n0+7) for every x row of the pass
 template <class T>
 static void rows_r8(const Job &j, long n0, long) {
     const uint8_t *tile = j.w + n0 * j.rb;  // 8 rows' bytes, group by group
-#ifndef TILE_MC
-#define TILE_MC 16
-#endif
-    constexpr long MC = TILE_MC;
-    if (j.x->M == 1) return tile_rows<T, 1>(j, tile, n0, 0, 1);
-    for (long m0 = 0; m0 < j.x->M; m0 += MC)
-        tile_rows<T, MC>(j, tile, n0, m0, j.x->M - m0 < MC ? j.x->M - m0 : MC);
+    if constexpr (T::QK == 32) {
+        if (j.x->M == 1) return tile_rows_b<T, 1>(j, tile, n0, 0, 1);
+        for (long m0 = 0; m0 < j.x->M; m0 += 16)
+            tile_rows_b<T, 16>(j, tile, n0, m0, j.x->M - m0 < 16 ? j.x->M - m0 : 16);
+        return;
+    } else {
+        constexpr long MC = 16;
+        if (j.x->M == 1) return tile_rows<T, 1>(j, tile, n0, 0, 1);
+        for (long m0 = 0; m0 < j.x->M; m0 += MC)
+            tile_rows<T, MC>(j, tile, n0, m0, j.x->M - m0 < MC ? j.x->M - m0 : MC);
+    }
 }
 
 // file layout -> tiles, in place: a matrix of N (a multiple of 8) rows of K
 template <class T>
 static void repack(uint8_t *w, long N, long K, int nt) {
-    const long groups = K / G, rb = groups * T::BYTES;
+    const long groups = K / T::QK, rb = groups * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long t = 0; t < N / 8; t++) {
         uint8_t *tile = w + t * 8 * rb;
@@ -1092,15 +1202,17 @@ static void repack(uint8_t *w, long N, long K, int nt) {
 template <class T>
 static void dequantize_tiled(const uint8_t *w, const int64_t *ids, long R, long K, float *out,
                              int nt) {
-    const long groups = K / G, rb = groups * T::BYTES;
+    const long groups = K / T::QK, rb = groups * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
     for (long r = 0; r < R; r++) {
         const long n = ids ? ids[r] : r;
         const uint8_t *tile = w + n / 8 * 8 * rb;
         alignas(64) uint8_t b[T::BYTES];
+        alignas(64) float f[G];  // group_f32 fills a whole group (8 blocks of 32)
         for (long g = 0; g < groups; g++) {
             T::block(tile + g * T::TG, (int)(n % 8), b);
-            group_f32<typename T::Base>(b, 0, G, out + r * K + g * G);
+            group_f32<typename T::Base>(b, 0, T::QK, f);
+            memcpy(out + r * K + g * T::QK, f, sizeof(float) * T::QK);
         }
     }
 }
@@ -1122,6 +1234,7 @@ static bool with_type(int qtype, F &&f) {
         case Q4_K: f(TQ4_K{}); return true;
         case Q5_K: f(TQ5_K{}); return true;
         case Q6_K: f(TQ6_K{}); return true;
+        case Q5_0_R8: f(R8Q5_0{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
         case Q6_K_R8: f(R8Q6_K{}); return true;
         default: return false;
@@ -1246,7 +1359,9 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, flo
 // a matrix of the file's Q4_K or Q6_K (N a multiple of 8) rearranged into tiles, in place:
 // returns the tiled type, or -1
 static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
-    if (N % 8 || K % G) return -1;
+    if (N % 8 || K % 32) return -1;
+    if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
+    if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
     if (qtype == Q6_K) return repack<R8Q6_K>(w, N, K, nt), Q6_K_R8;
     return -1;
