@@ -44,26 +44,27 @@ def _nbytes(obj) -> int:
 
 
 def time_passes(model, sizes=PASS_SIZES, repeats: int = 5) -> dict[int, float]:
-    """Median seconds of a pass over ``size`` new tokens after CONTEXT cached ones."""
+    """Median seconds of a pass over ``size`` new tokens after CONTEXT cached ones. The sizes
+    take turns, repeat by repeat, so that a slow spell of a shared machine weighs on all of
+    them alike instead of on one size's runs."""
     cache = model.new_cache(1, CONTEXT + max(sizes) + 1)
     vocab = min(model.config.vocab_size, 1000)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, CONTEXT), generator=gen)
     model.forward(prompt, cache, logits_at=torch.tensor([[CONTEXT - 1]]))
-    out = {}
-    for size in sizes:
-        tokens = torch.randint(0, vocab, (1, size), generator=gen)
-        times = []
-        for _ in range(repeats + 1):  # the first run warms caches and is dropped
+    tokens = {size: torch.randint(0, vocab, (1, size), generator=gen) for size in sizes}
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for rep in range(repeats + 1):  # the first round warms caches and is dropped
+        for size in sizes:
             cache.rollback(0, CONTEXT)
             t0 = time.perf_counter()
-            model.forward(tokens, cache)
-            times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times[1:])
-    return out
+            model.forward(tokens[size], cache)
+            if rep:
+                times[size].append(time.perf_counter() - t0)
+    return {size: statistics.median(t) for size, t in times.items()}
 
 
-def pass_row(label: str, target, draft, repeats: int = 5) -> dict:
+def pass_row(label: str, target, draft, repeats: int = 9) -> dict:
     """One weight format's figures: target passes by size, draft step, GB/s, and ratios."""
     t = time_passes(target, PASS_SIZES, repeats)
     d = time_passes(draft, (1,), repeats)[1] if draft is not None else None

@@ -2,8 +2,8 @@
 
 A decode step reads every weight byte once, so a Q4_K_M model is multiplied from its 4.5-6.5
 bit blocks directly (``gguf_kernels.h``) rather than dequantized to bf16 (3-6x the bytes).
-``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q4_K and Q6_K into 8-row
-tiles (the same bytes, in place, once at load: about a second for a 1.5B model, nothing to
+``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q4_K, Q6_K and Q5_0 into
+8-row tiles (the same bytes, in place, once at load: about a second for a 1.5B model, nothing to
 cache), in which one instruction multiplies 4 k of 8 weight rows by one x row: a verify pass of
 several tokens costs far less than in the file's row-by-row layout, one token no more.
 ``linear`` multiplies either layout, by default with x rounded to int8 for integer dot products

@@ -8,9 +8,10 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of Q4_K/Q6_K (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q4_K and Q6_K are rearranged once into 8-row tiles (R8Q4_K, R8Q6_K below):
-// one instruction then multiplies 4 k of 8 weight rows by one x row, so extra x rows cost only
-// their multiplies (the default target's 5-token pass: 174 -> 105 ms on a Zen 3).
+// Loaded natively, Q4_K, Q6_K and Q5_0 are rearranged once into 8-row tiles (R8Q4_K, R8Q6_K,
+// R8Q5_0 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so extra x
+// rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms on a
+// Zen 3; with VNNI on a Zen 4, ~62 ms against a 1-token pass of ~30).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -790,6 +791,7 @@ static inline __m256i pairs_i8(__m128i v8) {
 // nibbles and step t + 4 in its high ones.
 struct R8Q4_K {
     static constexpr int QK = 256, BYTES = 144, TG = 8 * 144;
+    static constexpr bool MINS = true;
     typedef TQ4_K Base;  // the file's type
     static void head(const uint8_t *tg, R8Group &u) {
         u.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
@@ -836,20 +838,14 @@ struct R8Q4_K {
     }
     // block j of one x row (xq: its 32 bytes) into T (scaled sums) and U (mins' sums)
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
-                           const float *ef, const float *es, const int16_t *, int j, __m256 &T,
-                           __m256 &U) {
+                           const float *ef, const int16_t *, int j, __m256 &T) {
 #if defined(__AVX512VNNI__)
-        // dpbusd sums 4 products per row lane, in four short chains (one chain of 8 would
-        // bound the x-row loop by its latency); the row's scale is then applied in fp32,
-        // exact (|S| < 2^16, scale < 2^6): the AVX2 path's float, bit for bit
-        __m256i S4[4];
-        for (int s = 0; s < 4; s++) {
-            S4[s] = _mm256_setzero_si256();
-            dp_bcast(S4[s], w[s], xq + 4 * s);
-            dp_bcast(S4[s], w[s + 4], xq + 16 + 4 * s);
-        }
-        const __m256i S = _mm256_add_epi32(_mm256_add_epi32(S4[0], S4[1]),
-                                           _mm256_add_epi32(S4[2], S4[3]));
+        // dpbusd sums 4 products per row lane, in two chains (one chain of 8 would bound the
+        // x-row loop by its latency); the row's scale is then applied in fp32, exact
+        // (|S| < 2^16, scale < 2^6): the AVX2 path's float, bit for bit
+        __m256i S2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        const __m256i S = _mm256_add_epi32(S2[0], S2[1]);
         const __m256 Ss = _mm256_mul_ps(_mm256_cvtepi32_ps(S), u.scf[j]);
         T = _mm256_fmadd_ps(Ss, _mm256_set1_ps(ef[j]), T);
 #else
@@ -859,7 +855,6 @@ struct R8Q4_K {
         const __m256i S = _mm256_madd_epi16(P, u.sc[j]);
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
 #endif
-        U = _mm256_fmadd_ps(u.mn[j], _mm256_set1_ps(es[j]), U);
     }
     // row r of a tile-group as the file's block (dequantize, tests)
     static void block(const uint8_t *tg, int r, uint8_t *b) {
@@ -902,6 +897,7 @@ struct R8Q4_K {
 // of their top 2 bits (2j + h: steps 4h .. 4h + 3 of block j in bits 0-1, 2-3, 4-5, 6-7).
 struct R8Q6_K {
     static constexpr int QK = 256, BYTES = 210, TG = 8 * 210;
+    static constexpr bool MINS = false;
     typedef TQ6_K Base;
     static void head(const uint8_t *tg, R8Group &u) {
         u.d = u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
@@ -935,18 +931,14 @@ struct R8Q6_K {
     // (Tried: signed q - 32 against |x| and sign(x), one madd per 16 k instead of two and no
     // offset term: fewer multiplies, yet ~8% slower at M = 5 on a Zen 3.)
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
-                           const float *ef, const float *, const int16_t *s16, int j, __m256 &T,
-                           __m256 &) {
+                           const float *ef, const int16_t *s16, int j, __m256 &T) {
 #if defined(__AVX512VNNI__)
         // per sub-block of 16 k: dpbusd's row sums times the row's scale (int32, exact)
-        __m256i S2[4];  // four short chains (latency): steps s, s + 2 of each sub-block
-        for (int c = 0; c < 4; c++) {
-            const int s = 4 * (c / 2) + c % 2;
-            S2[c] = _mm256_setzero_si256();
-            dp_bcast(S2[c], w[s], xq + 4 * s);
-            dp_bcast(S2[c], w[s + 2], xq + 4 * s + 8);
+        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
+        for (int s = 0; s < 4; s++) {
+            dp_bcast(S0, w[s], xq + 4 * s);
+            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
         }
-        const __m256i S0 = _mm256_add_epi32(S2[0], S2[1]), S1 = _mm256_add_epi32(S2[2], S2[3]);
         __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
                                      _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
 #else
@@ -1108,8 +1100,8 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
         const char *ahead = (const char *)(tg + 2 * T::TG);
         constexpr long PF = (T::TG + 8 * 64 - 1) / (8 * 64) * 64;  // bytes per block
         T::head(tg, u);
-        __m256 Ts[MC], Us[MC];
-        for (long m = 0; m < mc; m++) Ts[m] = Us[m] = _mm256_setzero_ps();
+        __m256 Ts[MC];  // per x row: the blocks' scaled sums (the mins' come after)
+        for (long m = 0; m < mc; m++) Ts[m] = _mm256_setzero_ps();
         for (int jb = 0; jb < 8; jb++) {
             __m256i w[8];
             for (long b = jb * PF; b < (jb + 1) * PF && b < T::TG; b += 64)
@@ -1117,14 +1109,20 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
             T::steps(tg, jb, w);
             for (long m = 0; m < mc; m++) {
                 const long r = m0 + m, k32 = r * (x.KP / 32) + g * 8;
-                T::dot(u, w, x.q + r * x.KP + g * G + 32 * jb, x.ef + k32, x.es + k32,
-                       x.s16 + r * (x.KP / 16) + g * 16, jb, Ts[m], Us[m]);
+                T::dot(u, w, x.q + r * x.KP + g * G + 32 * jb, x.ef + k32,
+                       x.s16 + r * (x.KP / 16) + g * 16, jb, Ts[m]);
             }
         }
         for (long m = 0; m < mc; m++) {
             const __m256 base = _mm256_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
             A[m] = _mm256_fmadd_ps(Ts[m], _mm256_mul_ps(u.d, base), A[m]);
-            B[m] = _mm256_fnmadd_ps(Us[m], _mm256_mul_ps(u.dmin, base), B[m]);
+            if constexpr (T::MINS) {  // the mins' sums, block by block, in a register
+                const float *es = x.es + (m0 + m) * (x.KP / 32) + g * 8;
+                __m256 U = _mm256_setzero_ps();
+                for (int jb = 0; jb < 8; jb++)
+                    U = _mm256_fmadd_ps(u.mn[jb], _mm256_set1_ps(es[jb]), U);
+                B[m] = _mm256_fnmadd_ps(U, _mm256_mul_ps(u.dmin, base), B[m]);
+            }
         }
     }
     for (long m = 0; m < mc; m++) {
