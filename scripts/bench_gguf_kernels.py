@@ -2,8 +2,9 @@
 
 For the big matrices of Qwen2.5-Coder-1.5B Q4_K_M (and the 0.5B draft's types), prints per
 type and shape: M = 1 time and GB/s, the time ratios M = 5, 9, 16 over M = 1, with 1 and 2
-threads, and the bf16 kernel (``linear_bf16``) on the same shape. Weights are random valid
-blocks (speed does not depend on the values).
+threads, and the bf16 kernel (``linear_bf16``) on the same shape; for the types the loader
+puts in 8-row tiles, a row for the tiles and one for the file's layout. Weights are random
+valid blocks (speed does not depend on the values).
 
     python scripts/bench_gguf_kernels.py [--threads 1 2] [--reps 30] [--only Q4_K Q6_K]
         [--rows 1024]   # cut every matrix to 1024 rows: weights in L3, the compute cost alone
@@ -60,8 +61,14 @@ def timed(fn, reps: int) -> float:
 
 def bench(qtype, n: int, k: int, what: str, threads: int, reps: int) -> None:
     w = random_weight(qtype, n, k)
+    tiled = gk.repack(w)
+    if tiled is not w:  # the loader's layout first, then the file's
+        bench_layout(tiled, n, k, what, threads, reps)
+    bench_layout(w, n, k, what, threads, reps)
+
+
+def bench_layout(w: gk.PackedWeight, n: int, k: int, what: str, threads: int, reps: int):
     wb = ops.LinearWeight(torch.randn(n, k).bfloat16())
-    ops.set_num_threads(threads)
     ops.set_num_threads(threads)
     times, btimes = {}, {}
     for m in (1, 5, 9, 16):
@@ -73,8 +80,10 @@ def bench(qtype, n: int, k: int, what: str, threads: int, reps: int) -> None:
     bgbs = n * k * 2 / btimes[1] / 1e9
     ratios = " ".join(f"{times[m] / times[1]:4.2f}" for m in (5, 9, 16))
     bratios = " ".join(f"{btimes[m] / btimes[1]:4.2f}" for m in (5, 9, 16))
+    layout = "tiles" if w.qtype in gk.FILE_TYPE else "file"
+    name = Q(gk.FILE_TYPE.get(w.qtype, w.qtype)).name
     print(
-        f"{Q(qtype).name:5} {what:13} {n:6}x{k:<5} t={threads} | M=1 {times[1] * 1e3:6.2f} ms "
+        f"{name:5} {layout:5} {what:13} {n:6}x{k:<5} t={threads} | M=1 {times[1] * 1e3:6.2f} ms "
         f"{gbs:5.1f} GB/s {per_group:5.1f} ns/256w | M5/9/16 {ratios} | "
         f"bf16 M=1 {btimes[1] * 1e3:6.2f} ms {bgbs:5.1f} GB/s, M5/9/16 {bratios}",
         flush=True,
