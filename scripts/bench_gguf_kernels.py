@@ -31,6 +31,7 @@ SHAPES = [
     (Q.Q6_K, 151936, 1536, "1.5B head"),
     (Q.Q5_0, 9728, 896, "0.5B gate|up"),
     (Q.Q8_0, 151936, 896, "0.5B head"),
+    (Q.Q4_0, 4096, 1536, "Q4_0"),
     (Q.Q4_1, 4096, 1536, "Q4_1"),
 ]
 # byte offsets of fp16 scales in a block: made small and finite

@@ -8,10 +8,10 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of Q4_K/Q6_K (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q4_K, Q6_K and Q5_0 are rearranged once into 8-row tiles (R8Q4_K, R8Q6_K,
-// R8Q5_0 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so extra x
-// rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms on a
-// Zen 3; with VNNI on a Zen 4, ~62 ms against a 1-token pass of ~30).
+// Loaded natively, Q4_K, Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
+// R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
+// extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
+// on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -753,7 +753,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
-enum : int { Q5_0_R8 = 106, Q4_K_R8 = 112, Q6_K_R8 = 114 };  // our tile layouts (file type + 100)
+enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q4_K_R8 = 112, Q6_K_R8 = 114 };  // tiles: type + 100
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc[16];  // Q4_K: [j] block j's scale at lanes 2r and 2r+1 (madd pairs);
@@ -1001,38 +1001,39 @@ struct R8Q6_K {
     }
 };
 
-// Q5_0 tile-group, 8 rows x one block of 32 k (8 * 22 bytes): d[8] (fp16), 4 vectors of the
-// low 4 bits (t: step t in the low nibbles, step t + 4 in the high ones), 1 of the fifth bits
-// (byte 4r + i, bit s: k 4s + i of row r). The draft model's type (its K = 896 rules K-quants
-// out): in the file layout a 1-token product reached 21 GB/s, bound by unpacking.
-struct R8Q5_0 {
-    static constexpr int QK = 32, BYTES = 22, TG = 8 * 22;
-    typedef TQ5_0 Base;
-    static inline void steps(const uint8_t *tg, __m256i (&w)[8]) {  // q in 0..31 (+16)
-        const __m256i low4 = bytes(15), b4 = bytes(16), h = ld(tg + 144);
-        const __m256i hs[8] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3),
-                               _mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1),
-                               h,                       _mm256_srli_epi16(h, 1),
-                               _mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)};  // bit s -> 4
+// Q5_0 / Q4_0 tile-group, 8 rows x one block of 32 k (8 * 22 / 8 * 18 bytes): d[8] (fp16),
+// 4 vectors of the low 4 bits (t: step t in the low nibbles, step t + 4 in the high ones), and
+// for Q5_0 1 of the fifth bits (byte 4r + i, bit s: k 4s + i of row r). Q5_0 is the default
+// draft's type (its K = 896 rules K-quants out): in the file layout a 1-token product reached
+// 21 GB/s, bound by unpacking; tiled, ~55 GB/s from the caches.
+template <class B>
+struct R8B32 {
+    static constexpr bool FIFTH = B::BYTES == 22;  // Q5_0: a fifth bit, else Q4_0
+    static constexpr int QK = 32, BYTES = B::BYTES, TG = 8 * B::BYTES, OFF = B::OFF;
+    typedef B Base;
+    static inline void steps(const uint8_t *tg, __m256i (&w)[8]) {  // q + OFF, unsigned
+        const __m256i low4 = bytes(15);
         for (int t = 0; t < 4; t++) {
             const __m256i v4 = ld(tg + 16 + 32 * t);
-            w[t] = _mm256_or_si256(_mm256_and_si256(v4, low4), _mm256_and_si256(hs[t], b4));
-            w[t + 4] = _mm256_or_si256(_mm256_and_si256(srl16(v4, 4), low4),
-                                       _mm256_and_si256(hs[t + 4], b4));
+            w[t] = _mm256_and_si256(v4, low4);
+            w[t + 4] = _mm256_and_si256(srl16(v4, 4), low4);
+        }
+        if constexpr (FIFTH) {
+            const __m256i b4 = bytes(16), h = ld(tg + 144);
+            const __m256i hs[8] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3),
+                                   _mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1),
+                                   h,                       _mm256_srli_epi16(h, 1),
+                                   _mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)};  // s -> 4
+            for (int s = 0; s < 8; s++) w[s] = _mm256_or_si256(w[s], _mm256_and_si256(hs[s], b4));
         }
     }
     // one block of one x row (xq: its 32 bytes, sum: their sum, dx: their step) into A
     static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
                            __m256 d, __m256 &A) {
 #if defined(__AVX512VNNI__)
-        __m256i S4[4];
-        for (int s = 0; s < 4; s++) {
-            S4[s] = _mm256_setzero_si256();
-            dp_bcast(S4[s], w[s], xq + 4 * s);
-            dp_bcast(S4[s], w[s + 4], xq + 16 + 4 * s);
-        }
-        __m256i S = _mm256_add_epi32(_mm256_add_epi32(S4[0], S4[1]),
-                                     _mm256_add_epi32(S4[2], S4[3]));
+        __m256i S2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        __m256i S = _mm256_add_epi32(S2[0], S2[1]);
 #else
         __m256i P[2];  // 4 steps each: <= 4 * 2 * 31 * 127 in int16
         for (int h = 0; h < 2; h++)
@@ -1044,43 +1045,55 @@ struct R8Q5_0 {
         const __m256i one = _mm256_set1_epi16(1);
         __m256i S = _mm256_add_epi32(_mm256_madd_epi16(P[0], one), _mm256_madd_epi16(P[1], one));
 #endif
-        S = _mm256_sub_epi32(S, _mm256_set1_epi32(16 * sum));  // q is stored + 16
+        S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum));  // q is stored + OFF
         A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
     }
-    static void block(const uint8_t *tg, int r, uint8_t *b) {
-        memcpy(b, tg + 2 * r, 2);
+    // the quants of a file block, in k order (0..31, or 0..15 without the fifth bit)
+    static void quants(const uint8_t *b, int *q) {
+        const uint8_t *qs = b + (FIFTH ? 6 : 2);
         uint32_t qh = 0;
-        memset(b + 6, 0, 16);
+        if constexpr (FIFTH) memcpy(&qh, b + 2, 4);
+        for (int k = 0; k < 32; k++)
+            q[k] = (k < 16 ? qs[k] & 15 : qs[k - 16] >> 4) | (int)((qh >> k) & 1) << 4;
+    }
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memset(b, 0, BYTES);
+        memcpy(b, tg + 2 * r, 2);
+        uint8_t *qs = b + (FIFTH ? 6 : 2);
+        uint32_t qh = 0;
         for (int k = 0; k < 32; k++) {
             const int s = k / 4, i = k % 4;
             const uint8_t v = tg[16 + 32 * (s % 4) + 4 * r + i];
-            const int q = (s < 4 ? v & 15 : v >> 4) | ((tg[144 + 4 * r + i] >> s) & 1) << 4;
-            b[6 + k % 16] |= (uint8_t)((q & 15) << (k < 16 ? 0 : 4));
+            int q = s < 4 ? v & 15 : v >> 4;
+            if constexpr (FIFTH) q |= ((tg[144 + 4 * r + i] >> s) & 1) << 4;
+            qs[k % 16] |= (uint8_t)((q & 15) << (k < 16 ? 0 : 4));
             qh |= (uint32_t)(q >> 4) << k;
         }
-        memcpy(b + 2, &qh, 4);
+        if constexpr (FIFTH) memcpy(b + 2, &qh, 4);
     }
     static void pack(const uint8_t *const *blocks, uint8_t *tg) {
         memset(tg + 16, 0, TG - 16);
         for (int r = 0; r < 8; r++) {
-            const uint8_t *b = blocks[r];
-            memcpy(tg + 2 * r, b, 2);
-            uint32_t qh;
-            memcpy(&qh, b + 2, 4);
+            memcpy(tg + 2 * r, blocks[r], 2);
+            int q[32];
+            quants(blocks[r], q);
             for (int k = 0; k < 32; k++) {
-                const int q = (k < 16 ? b[6 + k] & 15 : b[6 + k - 16] >> 4) | ((qh >> k) & 1) << 4;
                 const int s = k / 4, i = k % 4;
-                tg[16 + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q & 15) << (s < 4 ? 0 : 4));
-                tg[144 + 4 * r + i] |= (uint8_t)((q >> 4) << s);
+                tg[16 + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q[k] & 15) << (s < 4 ? 0 : 4));
+                if constexpr (FIFTH) tg[144 + 4 * r + i] |= (uint8_t)((q[k] >> 4) << s);
             }
         }
     }
 };
+typedef R8B32<TQ5_0> R8Q5_0;
+typedef R8B32<TQ4_0> R8Q4_0;
 
 template <class T>
 constexpr bool TILED = false;
 template <>
 constexpr bool TILED<R8Q5_0> = true;
+template <>
+constexpr bool TILED<R8Q4_0> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
@@ -1232,6 +1245,7 @@ static bool with_type(int qtype, F &&f) {
         case Q4_K: f(TQ4_K{}); return true;
         case Q5_K: f(TQ5_K{}); return true;
         case Q6_K: f(TQ6_K{}); return true;
+        case Q4_0_R8: f(R8Q4_0{}); return true;
         case Q5_0_R8: f(R8Q5_0{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
         case Q6_K_R8: f(R8Q6_K{}); return true;
@@ -1358,6 +1372,7 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, flo
 // returns the tiled type, or -1
 static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (N % 8 || K % 32) return -1;
+    if (qtype == Q4_0) return repack<R8Q4_0>(w, N, K, nt), Q4_0_R8;
     if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
     if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
