@@ -3,9 +3,9 @@
 A decode step reads every weight byte once, so a Q4_K_M model is multiplied from its 4.5-6.5
 bit blocks directly (``gguf_kernels.h``) rather than dequantized to bf16 (3-6x the bytes).
 ``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q4_K, Q6_K, Q5_0 and Q4_0
-into 8-row tiles (the same bytes, in place, once at load: about a second for a 1.5B model, nothing to
-cache), in which one instruction multiplies 4 k of 8 weight rows by one x row: a verify pass of
-several tokens costs far less than in the file's row-by-row layout, one token no more.
+into 8-row tiles (the same bytes, in place, once at load: under a second for a 1.5B model,
+nothing to cache), in which one instruction multiplies 4 k of 8 weight rows by one x row: a
+verify pass of several tokens costs far less than in the file's row-by-row layout.
 ``linear`` multiplies either layout, by default with x rounded to int8 for integer dot products
 (per row and block of 32 k for Q4_0 ... Q8_0, as llama.cpp's Q8_0 activations; for K-quants one
 step per 256 k refined per 32 k by an integer factor, see ``quantize_x_reference``), or (file
