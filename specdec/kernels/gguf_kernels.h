@@ -756,14 +756,15 @@ static void rows_one(const Job &j, long n0, long n1) {
 enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q4_K_R8 = 112, Q6_K_R8 = 114 };  // tiles: type + 100
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
-    __m256i sc[16];  // Q4_K: [j] block j's scale at lanes 2r and 2r+1 (madd pairs);
-                     // Q6_K: [i] sub-block i's scale the same way
     __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
     __m256 mn[8];    // Q4_K: block j's mins as floats, lane r
     __m256 d, dmin;  // lane r
 #if defined(__AVX512VNNI__)
-    __m256 scf[8];    // Q4_K: block j's scale as a float, lane r
+    __m256 scf[8];     // Q4_K: block j's scale as a float, lane r
     __m256i sc32[16];  // Q6_K: sub-block i's scale as int32, lane r
+#else
+    __m256i sc[16];  // Q4_K: [j] block j's scale at lanes 2r and 2r+1 (madd pairs);
+                     // Q6_K: [i] sub-block i's scale the same way
 #endif
 };
 
@@ -819,9 +820,10 @@ struct R8Q4_K {
             for (int q = 0; q < 4; q++) {  // block 4 * (h & 1) + q: 8 bytes, row r in byte r
                 const int j = 4 * (h & 1) + q;
                 if (h < 2) {
-                    u.sc[j] = pairs_u8(js[q]);
 #if defined(__AVX512VNNI__)
                     u.scf[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
+#else
+                    u.sc[j] = pairs_u8(js[q]);
 #endif
                 } else
                     u.mn[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
@@ -902,10 +904,11 @@ struct R8Q6_K {
     static void head(const uint8_t *tg, R8Group &u) {
         u.d = u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
         const uint8_t *sc = tg + 16;
-        for (int i = 0; i < 16; i++) {
-            u.sc[i] = pairs_i8(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
+        for (int i = 0; i < 16; i++) {  // each build reads the form its dot product needs
 #if defined(__AVX512VNNI__)
             u.sc32[i] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
+#else
+            u.sc[i] = pairs_i8(_mm_loadl_epi64((const __m128i *)(sc + 8 * i)));
 #endif
         }
         for (int j = 0; j < 8; j++)
