@@ -1051,14 +1051,6 @@ struct R8B32 {
         S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum));  // q is stored + OFF
         A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
     }
-    // the quants of a file block, in k order (0..31, or 0..15 without the fifth bit)
-    static void quants(const uint8_t *b, int *q) {
-        const uint8_t *qs = b + (FIFTH ? 6 : 2);
-        uint32_t qh = 0;
-        if constexpr (FIFTH) memcpy(&qh, b + 2, 4);
-        for (int k = 0; k < 32; k++)
-            q[k] = (k < 16 ? qs[k] & 15 : qs[k - 16] >> 4) | (int)((qh >> k) & 1) << 4;
-    }
     static void block(const uint8_t *tg, int r, uint8_t *b) {
         memset(b, 0, BYTES);
         memcpy(b, tg + 2 * r, 2);
@@ -1078,8 +1070,9 @@ struct R8B32 {
         memset(tg + 16, 0, TG - 16);
         for (int r = 0; r < 8; r++) {
             memcpy(tg + 2 * r, blocks[r], 2);
-            int q[32];
-            quants(blocks[r], q);
+            BBuf u;
+            B::block(blocks[r], u, 0);  // the file's quants in k order, unsigned
+            const uint8_t *q = u.q;
             for (int k = 0; k < 32; k++) {
                 const int s = k / 4, i = k % 4;
                 tg[16 + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q[k] & 15) << (s < 4 ? 0 : 4));
@@ -1101,6 +1094,14 @@ template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
 constexpr bool TILED<R8Q6_K> = true;
+
+// the 8 outputs of x row m for weight rows n0..n0+7 (+ bias)
+static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
+    alignas(32) float y[8];
+    _mm256_store_ps(y, y8);
+    float *out = j.y + m * j.ldy + n0;
+    for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+}
 
 // x rows m0 .. m0 + mc of one tile (MC: the most; MC = 1 keeps everything in registers)
 template <class T, int MC>
@@ -1141,15 +1142,10 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
             }
         }
     }
-    for (long m = 0; m < mc; m++) {
-        alignas(32) float y[8];
-        _mm256_store_ps(y, _mm256_add_ps(A[m], B[m]));
-        float *out = j.y + (m0 + m) * j.ldy + n0;
-        for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
-    }
+    for (long m = 0; m < mc; m++) store_tile(j, _mm256_add_ps(A[m], B[m]), m0 + m, n0);
 }
 
-// the same for tiles of 32-blocks (Q5_0): block b of the 8 rows is the tile-group b; each
+// the same for tiles of 32-blocks (Q5_0, Q4_0): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
 static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0, long mc) {
@@ -1169,29 +1165,24 @@ static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0, lon
             T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
         }
     }
-    for (long m = 0; m < mc; m++) {
-        alignas(32) float y[8];
-        _mm256_store_ps(y, A[m]);
-        float *out = j.y + (m0 + m) * j.ldy + n0;
-        for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
-    }
+    for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
+}
+
+template <class T, int MC>
+static constexpr auto tile_fn() {  // the kernel for T's tiles: 32-blocks or K-quant groups
+    if constexpr (T::QK == 32)
+        return tile_rows_b<T, MC>;
+    else
+        return tile_rows<T, MC>;
 }
 
 // one tile (weight rows n0..n0+7) for every x row of the pass
 template <class T>
 static void rows_r8(const Job &j, long n0, long) {
     const uint8_t *tile = j.w + n0 * j.rb;  // 8 rows' bytes, group by group
-    if constexpr (T::QK == 32) {
-        if (j.x->M == 1) return tile_rows_b<T, 1>(j, tile, n0, 0, 1);
-        for (long m0 = 0; m0 < j.x->M; m0 += 16)
-            tile_rows_b<T, 16>(j, tile, n0, m0, j.x->M - m0 < 16 ? j.x->M - m0 : 16);
-        return;
-    } else {
-        constexpr long MC = 16;
-        if (j.x->M == 1) return tile_rows<T, 1>(j, tile, n0, 0, 1);
-        for (long m0 = 0; m0 < j.x->M; m0 += MC)
-            tile_rows<T, MC>(j, tile, n0, m0, j.x->M - m0 < MC ? j.x->M - m0 : MC);
-    }
+    if (j.x->M == 1) return tile_fn<T, 1>()(j, tile, n0, 0, 1);
+    for (long m0 = 0; m0 < j.x->M; m0 += 16)
+        tile_fn<T, 16>()(j, tile, n0, m0, j.x->M - m0 < 16 ? j.x->M - m0 : 16);
 }
 
 // file layout -> tiles, in place: a matrix of N (a multiple of 8) rows of K
@@ -1371,8 +1362,8 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, flo
         dequantize_file<T>(w, ids, R, K, out, nt);
 }
 
-// a matrix of the file's Q4_K or Q6_K (N a multiple of 8) rearranged into tiles, in place:
-// returns the tiled type, or -1
+// a matrix of the file's Q4_0, Q5_0, Q4_K or Q6_K (N a multiple of 8) rearranged into tiles,
+// in place: returns the tiled type, or -1
 static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (N % 8 || K % 32) return -1;
     if (qtype == Q4_0) return repack<R8Q4_0>(w, N, K, nt), Q4_0_R8;
