@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specdec import gguf_model, ops, platform
+from specdec import fused_layers, gguf_model, ops, platform
 from specdec.config import DTYPES, TORCH_DTYPES, ModelConfig
 from specdec.kv_cache import KVCache
 from specdec.weights import load_weights
@@ -72,6 +72,10 @@ class Transformer:
         if "rope_freqs" in weights:  # per-frequency factors stored in a GGUF file (Llama 3)
             self._inv_freq = self._inv_freq / weights["rope_freqs"]
         self._cos = self._sin = torch.empty(0)
+        # run the layer loop in one kernel call where every matrix is GGUF (fused_layers);
+        # False: always the Python loop (tests compare the two)
+        self.fuse_layers = True
+        self._plan: fused_layers.LayerPlan | bool | None = None  # None: not built yet
 
     @classmethod
     def from_path(
@@ -159,11 +163,40 @@ class Transformer:
         if positions is None:
             positions = start[:, None] + torch.arange(t_len)[None, :]
         cos, sin = self._rope_tables(positions)
-        h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        scale = d**-0.5
+        scale = cfg.head_dim**-0.5
 
         x = ops.embed(w["embed"], tokens).to(self.act_dtype)  # a new tensor: added into below
-        layers = w["layers"]
+        args = (x, cache, rows, start, num_new, positions, cos, sin, attn_mask, scale)
+        plan = self._layer_plan()
+        if plan is not None:  # the same loop in one kernel call (native GGUF)
+            fused_layers.run(plan, cfg, *args)
+        else:
+            self._layers(*args)
+        cache.lengths[rows] = start + num_new
+
+        if logits_at is not None:
+            idx = logits_at.to(self.device).long()
+            x = x.gather(1, idx[:, :, None].expand(-1, -1, x.shape[-1]))
+        x = ops.rmsnorm(x, w["norm"], cfg.rms_norm_eps)
+        return ops.linear(x, w["lm_head"]).float()
+
+    def _layer_plan(self) -> fused_layers.LayerPlan | None:
+        """The fused layer loop's plan, where it applies (built on first use)."""
+        if not self.fuse_layers or not fused_layers.available():
+            return None
+        if self._plan is None:
+            self._plan = fused_layers.plan(self) or False
+        return self._plan or None
+
+    def weights_changed(self) -> None:
+        """Call after replacing layer matrices (quantize.py): the plan points at the old ones."""
+        self._plan = None
+
+    def _layers(self, x, cache, rows, start, num_new, positions, cos, sin, attn_mask, scale):
+        """The decoder layers over x [B,T,hidden] (the residual stream, in place)."""
+        cfg, layers = self.config, self.w["layers"]
+        bsz, t_len = x.shape[:2]
+        h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         h = ops.rmsnorm(x, layers[0]["attn_norm"], cfg.rms_norm_eps)
         for i, layer in enumerate(layers):
             qkv = ops.linear(h, layer["qkv"])
@@ -185,10 +218,3 @@ class Transformer:
                 h = ops.add_rmsnorm(x, mlp, layers[i + 1]["attn_norm"], cfg.rms_norm_eps)
             else:
                 x.add_(mlp)
-        cache.lengths[rows] = start + num_new
-
-        if logits_at is not None:
-            idx = logits_at.to(self.device).long()
-            x = x.gather(1, idx[:, :, None].expand(-1, -1, x.shape[-1]))
-        x = ops.rmsnorm(x, w["norm"], cfg.rms_norm_eps)
-        return ops.linear(x, w["lm_head"]).float()

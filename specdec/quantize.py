@@ -50,6 +50,7 @@ def quantize_model_int8(model: Transformer) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
             layer[name] = quantize_int8(layer[name])
     model.w["lm_head"] = quantize_int8(model.w["lm_head"])
+    model.weights_changed()
 
 
 def quantize_int4(lw: LinearWeight, int8_x: bool = False) -> LinearWeight:
@@ -80,6 +81,7 @@ def quantize_model_int4(model: Transformer, int8_x: bool = True) -> None:
         for name in ("qkv", "o", "gate_up", "down"):
             layer[name] = quantize_int4(layer[name], int8_x)
     model.w["lm_head"] = quantize_int4(model.w["lm_head"], int8_x)
+    model.weights_changed()
 
 
 def restrict_head(model: Transformer, keep: torch.Tensor) -> None:

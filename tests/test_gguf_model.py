@@ -14,11 +14,12 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from specdec import LLM, SamplingParams, kernels, registry
+from specdec import LLM, SamplingParams, fused_layers, kernels, registry
 from specdec.gguf_model import SOURCE_FILE, GGUFError, GGUFModel
 from specdec.kernels import gguf as gguf_kernels
 from specdec.model import Transformer, resolve_dtype
 from specdec.ops import FusedWeight
+from specdec.quantize import quantize_model_int4
 
 T = GGMLQuantizationType
 HIDDEN, INTER, HEADS, KV_HEADS, VOCAB, LAYERS = 256, 512, 4, 2, 64, 2
@@ -409,6 +410,69 @@ def test_greedy_sd_equals_ar(files, home, dtype, draft):
     assert sd.draft.quantization is None or dtype == "exact"  # auto: the file's own blocks
     assert [o.token_ids for o in sd.generate(prompts, params)] == want
     assert len(want[0]) == 10 and len(set(want[0])) > 1
+
+
+# every matrix quantized (the fused layer loop's condition): a Q4_K_M-like mix (tiles) and
+# the other types (file layouts)
+Q4_K_M = {"attn_q": T.Q4_K, "attn_k": T.Q4_K, "attn_v": T.Q6_K, "attn_output": T.Q4_K}
+Q4_K_M |= {"ffn_gate": T.Q4_K, "ffn_up": T.Q4_K, "ffn_down": T.Q6_K}
+OTHERS = {"attn_q": T.Q5_0, "attn_k": T.Q8_0, "attn_v": T.Q4_1, "attn_output": T.Q5_1}
+OTHERS |= {"ffn_gate": T.Q3_K, "ffn_up": T.Q2_K, "ffn_down": T.Q5_K}
+
+
+@pytest.mark.parametrize(
+    "arch,types,dtype",
+    [("llama", Q4_K_M, "auto"), ("qwen2", Q4_K_M, "auto"), ("qwen2", OTHERS, "auto"),
+     ("llama", OTHERS, "exact"), ("qwen2", Q4_K_M, "exact")],
+)  # fmt: skip
+def test_fused_layer_loop_gives_the_python_loops_bits(tmp_path, arch, types, dtype):
+    """``decoder_layers`` (the layer loop in one kernel call) against the Python loop: the
+    same logits and the same KV cache, bit for bit, for a prefill, a one-token step, a batch
+    with padded rows, a tree mask and positions of their own (the shapes SD and SSD run)."""
+    if not fused_layers.available():
+        pytest.skip("no kernel library on this machine")
+    types = {**types, "token_embd": T.Q8_0, "output": T.Q6_K}
+    model = Transformer.from_path(write_gguf(tmp_path / "m.gguf", arch, types, seed=5), dtype)
+    assert fused_layers.plan(model) is not None  # every layer matrix is GGUF here
+
+    def run(fused: bool):
+        model.fuse_layers = fused
+        cache, out = model.new_cache(3, 64), []
+        rows = torch.tensor([0, 2])
+        out.append(model.forward(torch.tensor([PROMPT, PROMPT[::-1]]), cache, rows=rows))
+        out.append(model.forward(torch.tensor([[7], [11]]), cache, rows=rows))
+        padded = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 0]])
+        out.append(model.forward(padded, cache, rows=rows, num_new=torch.tensor([4, 2])))
+        # a tree of 3 tokens after row 0's 13: slots 0..12 and the token's own branch
+        seen = torch.zeros(1, 3, 16, dtype=torch.bool)
+        seen[0, :, :13] = True
+        seen[0, 0, 13], seen[0, 1, [13, 14]], seen[0, 2, [13, 15]] = True, True, True
+        pos = torch.tensor([[13, 14, 14]])
+        out.append(model.forward(torch.tensor([[9, 10, 12]]), cache, rows=rows[:1],
+                                 positions=pos, attn_mask=seen))  # fmt: skip
+        return out, [t.clone() for t in cache.k + cache.v], cache.lengths.clone()
+
+    fused, python = run(True), run(False)
+    assert model._plan  # the fused run really used the plan
+    for a, b in zip(fused[0], python[0]):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(fused[1], python[1]))
+    assert torch.equal(fused[2], python[2])
+
+
+def test_fused_layer_loop_follows_replaced_weights(tmp_path):
+    """Requantizing a model's layers (the int4 drafter) drops the plan: the Python loop runs
+    the new matrices, and the result is what the int4 model computes."""
+    types = {**Q4_K_M, "token_embd": T.Q8_0, "output": T.Q6_K}
+    model = Transformer.from_path(write_gguf(tmp_path / "m.gguf", "llama", types), "auto")
+    logits_of(model, PROMPT)
+    assert model._plan
+    quantize_model_int4(model)
+    assert model._layer_plan() is None  # int4 matrices: not GGUF
+    model.fuse_layers = False
+    want = logits_of(model, PROMPT)
+    model.fuse_layers = True
+    assert torch.equal(logits_of(model, PROMPT), want)
 
 
 def test_registry_writes_tokenizer_and_config_only(files, home):
