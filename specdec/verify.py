@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.coupling import coupled_choice
-from specdec.sampling import sample
+from specdec.sampling import point_masses, sample
 
 
 @dataclass
@@ -46,7 +46,13 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     Its mass is zero only if p <= q everywhere, i.e. p == q (up to rounding), in which case
     every draft token is accepted with probability 1 and the residual is never sampled; p is
-    returned then so the function is total."""
+    returned then so the function is total.
+
+    Where every row of p is a point mass (greedy targets), the residual is p itself: max(0,
+    p - q) is zero off p's token and 1 - q(token) >= 0 on it (zero mass: p again); taken
+    without the five passes over the vocabulary in float64 (~1 ms a round at 152K)."""
+    if point_masses(p) is not None:
+        return p.double()
     r = (p.double() - q.double()).clamp_min(0.0)
     mass = r.sum(-1, keepdim=True)
     return torch.where(mass > 0, r / mass.clamp_min(1e-300), p.double())

@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from specdec.sampling import SamplingParams, SequenceRNG, probabilities, sample
+from specdec.sampling import (
+    SamplingParams,
+    SequenceRNG,
+    first_argmax,
+    point_masses,
+    probabilities,
+    sample,
+)
 
 
 def P(**kw):
@@ -25,6 +32,32 @@ def test_greedy_is_a_point_mass_on_the_first_argmax():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.5]])
     got = probabilities(logits, [P(temperature=0)])
     assert got.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_first_argmax_is_torchs_argmax():
+    """The numpy fast path: the first of tied maxima, NaN as torch has it, float64, a
+    column slice (padding cut off), and a batch of positions."""
+    x = torch.randn(3, 4, 1000)
+    x[0, 1, [7, 900]] = 50.0  # a tie: the first wins
+    x[1, 2, 5] = float("nan")
+    for t in (x, x.double(), x[..., :600], x[:, 0]):
+        assert torch.equal(first_argmax(t), t.argmax(-1))
+
+
+def test_point_mass_rows_skip_the_cdf():
+    """Rows that are all point masses sample their token for any uniform; a batch with one
+    spread row takes the CDF for all (and stays exact); the greedy-only shortcut of
+    ``probabilities`` gives the same one-hot rows as the mixed path."""
+    logits = torch.randn(4, 64)
+    greedy = probabilities(logits, [SamplingParams(temperature=0)] * 4)
+    assert torch.equal(point_masses(greedy), logits.argmax(-1))
+    for u in (0.0, 0.5, 0.999999):
+        assert torch.equal(sample(greedy, [u] * 4), logits.argmax(-1))
+    mixed = probabilities(logits, [SamplingParams(temperature=0)] * 3 + [SamplingParams()])
+    assert torch.equal(mixed[:3], greedy[:3]) and point_masses(mixed) is None
+    cdf = mixed[3].double().cumsum(0)
+    want = int(torch.searchsorted(cdf, torch.tensor([0.37 * float(cdf[-1])]).double(), right=True))
+    assert int(sample(mixed, [0.0, 0.0, 0.0, 0.37])[3]) == want
 
 
 def test_top_k_keeps_k_most_probable():

@@ -154,6 +154,21 @@ def test_greedy_is_accept_while_equal():
         assert (int(v.num_accepted[0]), int(v.next_token[0])) == (want_n, want_tok)
 
 
+def test_residual_of_a_point_mass_is_the_formula():
+    """The point-mass shortcut gives what normalize(max(0, p - q)) gives: for q spread, q a
+    point mass elsewhere, q equal to p (zero mass: p)."""
+    p = torch.zeros(3, 50)
+    p[:, 7] = 1.0
+    q = torch.softmax(torch.randn(3, 50), -1)
+    q[1] = 0.0
+    q[1, 3] = 1.0
+    q[2] = p[2]
+    for i in range(3):
+        r = (p[i].double() - q[i].double()).clamp_min(0.0)
+        want = r / r.sum() if r.sum() > 0 else p[i].double()
+        assert torch.equal(residual(p[i : i + 1], q[i : i + 1])[0], want)
+
+
 def test_rejected_token_is_never_the_replacement():
     gen = torch.Generator().manual_seed(3)
     for _ in range(50):

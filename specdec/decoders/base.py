@@ -15,7 +15,7 @@ from specdec.kv_cache import KVCache
 from specdec.logprobs import TokenLogprob, emitted_logprobs
 from specdec.model import Transformer
 from specdec.processors import process_sequences
-from specdec.sampling import probabilities, sample
+from specdec.sampling import first_argmax, probabilities, sample
 from specdec.scoring import score_ids
 from specdec.sequence import Sequence
 
@@ -121,7 +121,7 @@ class Decoder:
         """One token per row of ``logits`` [B,V] (already through the sequences' processors)
         under each sequence's own parameters."""
         if all(s.params.greedy for s in seqs):  # the first argmax, as the one-hot would give
-            return logits[:, : self.vocab_size].argmax(-1).tolist()
+            return first_argmax(logits[:, : self.vocab_size]).tolist()
         probs = probabilities(logits, [s.params for s in seqs], self.vocab_size)
         uniforms = [0.0 if s.params.greedy or s.params.coupled else s.rng.uniform() for s in seqs]
         tokens = sample(probs, uniforms)
