@@ -460,6 +460,24 @@ def test_fused_layer_loop_gives_the_python_loops_bits(tmp_path, arch, types, dty
     assert torch.equal(fused[2], python[2])
 
 
+def test_fused_layer_loop_large_prefill(tmp_path):
+    """A pass too large for the kept workspace (here 20 x 60 tokens) takes a buffer of its own:
+    the same bits as the Python loop, and the next small pass is still right."""
+    if not fused_layers.available():
+        pytest.skip("no kernel library on this machine")
+    types = {**Q4_K_M, "token_embd": T.Q8_0, "output": T.Q6_K}
+    model = Transformer.from_path(write_gguf(tmp_path / "m.gguf", "qwen2", types), "auto")
+    tokens = torch.randint(0, VOCAB, (20, 60), generator=torch.Generator().manual_seed(0))
+    got = {}
+    for fused in (True, False):
+        model.fuse_layers = fused
+        cache = model.new_cache(20, 64)
+        big = model.forward(tokens, cache)
+        got[fused] = (big, model.forward(tokens[:, :1], cache))
+    assert model._plan
+    assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1])
+
+
 def test_fused_layer_loop_follows_replaced_weights(tmp_path):
     """Requantizing a model's layers (the int4 drafter) drops the plan: the Python loop runs
     the new matrices, and the result is what the int4 model computes."""

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <memory>
 #include <vector>
 
 static inline float hsum8(__m256 v) {
@@ -767,19 +768,37 @@ int decoder_layers(const Layer *layers, long L, float *const *kcs, float *const 
                    const int64_t *rows, const int64_t *start, const int64_t *nnew,
                    const uint8_t *mask, long MS, long S, float scale, float eps, int nt) {
     const long R = B * T, NQ = HQ * D, NK = HK * D, NQKV = NQ + 2 * NK;
-    const long widths[10] = {Dm, NQKV, NQ, NK, NK, NQ, Dm, 2 * I, I, Dm};
-    // one workspace per calling thread (the SSD drafter runs beside the target), kept
-    static thread_local std::vector<float> space;
-    long total = 0;
-    for (long w : widths) total += R * ((w + 15) & ~15L);  // each buffer 64-byte aligned
-    if ((long)space.size() < total + 16) space.resize(total + 16);
-    float *buf[10], *at = (float *)(((uintptr_t)space.data() + 63) & ~(uintptr_t)63);
-    for (int i = 0; i < 10; i++) {
-        buf[i] = at;
-        at += R * ((widths[i] + 15) & ~15L);
+    // buffers, each 64-byte aligned: h lives throughout; the attention half's (qkv, q, k, v,
+    // att, o) and the MLP half's (gu, act, mlp) never overlap in time, so they share memory
+    auto row = [](long w) { return (w + 15) & ~15L; };
+    const long attn_w[6] = {NQKV, NQ, NK, NK, NQ, Dm}, mlp_w[3] = {2 * I, I, Dm};
+    long attn_len = 0, mlp_len = 0;
+    for (long w : attn_w) attn_len += R * row(w);
+    for (long w : mlp_w) mlp_len += R * row(w);
+    const long total = R * row(Dm) + (attn_len > mlp_len ? attn_len : mlp_len) + 16;
+    // a pass of a few tokens reuses its thread's workspace (the SSD drafter runs beside the
+    // target: one each); a prefill's large one is freed when the pass ends
+    static thread_local std::vector<float> kept;
+    std::unique_ptr<float[]> large;  // uninitialized: a prefill's buffers are written first
+    float *base;
+    if (total <= (1L << 21)) {
+        if ((long)kept.size() < total) kept.resize(total);
+        base = kept.data();
+    } else {
+        large.reset(new float[total]);
+        base = large.get();
     }
-    float *h = buf[0], *qkv = buf[1], *q = buf[2], *k = buf[3], *v = buf[4], *att = buf[5];
-    float *o = buf[6], *gu = buf[7], *act = buf[8], *mlp = buf[9];
+    float *at = (float *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+    float *h = at;
+    float *half = at + R * row(Dm);
+    float *bufs[6];
+    at = half;
+    for (int i = 0; i < 6; i++) {
+        bufs[i] = at;
+        at += R * row(attn_w[i]);
+    }
+    float *qkv = bufs[0], *q = bufs[1], *k = bufs[2], *v = bufs[3], *att = bufs[4], *o = bufs[5];
+    float *gu = half, *act = gu + R * row(2 * I), *mlp = act + R * row(I);
     auto product = [&](const Mats &m, const float *in, float *out, long K) {
         return gq::linear_parts(m.P, m.qtypes, m.ws, m.Ns, in, m.bias, out, m.N, R, K,
                                 m.int8x != 0, nt);
