@@ -212,16 +212,19 @@ def probabilities(
     temp, top_k, top_p = _param_tensors(params, x.device)
     greedy = temp == 0
     if greedy.all():  # the common case, without masked copies
-        out = torch.zeros_like(x).scatter_(-1, first_argmax(x)[..., None].to(x.device), 1.0)
-        return out.reshape(shape)
+        return _one_hot_argmax(x).reshape(shape)
     out = torch.empty_like(x)
     if greedy.any():
-        g = x[greedy]
-        out[greedy] = torch.zeros_like(g).scatter_(-1, first_argmax(g)[..., None].to(g.device), 1.0)
+        out[greedy] = _one_hot_argmax(x[greedy])
     if (~greedy).any():
         s = ~greedy
         out[s] = _tempered(x[s], temp[s], top_k[s], top_p[s])
     return out.reshape(shape)
+
+
+def _one_hot_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Greedy rows: a point mass on the first argmax of each row of x [..., V]."""
+    return torch.zeros_like(x).scatter_(-1, first_argmax(x)[..., None].to(x.device), 1.0)
 
 
 def _tempered(x, temp, top_k, top_p):
