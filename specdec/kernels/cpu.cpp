@@ -24,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <array>
 #include <memory>
+#include <utility>
 #include <vector>
 
 static inline float hsum8(__m256 v) {

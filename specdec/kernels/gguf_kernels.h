@@ -1103,12 +1103,23 @@ static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
     for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
 }
 
-// x rows m0 .. m0 + mc of one tile (MC: the most; MC = 1 keeps everything in registers)
+// x rows m0 .. m0 + MC - 1 of one tile. MC is the exact count (one instantiation per count):
+// the x-row loops unroll and every row's sums stay in registers (with a runtime count they
+// lived on the stack, a load and a store per block and x row)
 template <class T, int MC>
-static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long mc) {
+static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0) {
+    constexpr long mc = MC;
     const XRows &x = *j.x;
     __m256 A[MC], B[MC];
     for (long m = 0; m < mc; m++) A[m] = B[m] = _mm256_setzero_ps();
+    const int8_t *xq[MC];  // x row m0 + m's quants and block factors, set once
+    const float *xe[MC];
+    const int16_t *xs[MC];
+    for (long m = 0; m < mc; m++) {
+        xq[m] = x.q + (m0 + m) * x.KP;
+        xe[m] = x.ef + (m0 + m) * (x.KP / 32);
+        xs[m] = x.s16 + (m0 + m) * (x.KP / 16);
+    }
     R8Group u;
     for (long g = 0; g < j.groups; g++) {
         const uint8_t *tg = tile + g * T::TG;
@@ -1124,11 +1135,9 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
             for (long b = jb * PF; b < (jb + 1) * PF && b < T::TG; b += 64)
                 _mm_prefetch(ahead + b, _MM_HINT_T0);
             T::steps(tg, jb, w);
-            for (long m = 0; m < mc; m++) {
-                const long r = m0 + m, k32 = r * (x.KP / 32) + g * 8;
-                T::dot(u, w, x.q + r * x.KP + g * G + 32 * jb, x.ef + k32,
-                       x.s16 + r * (x.KP / 16) + g * 16, jb, Ts[m]);
-            }
+            const long oq = g * G + 32 * jb;
+            for (long m = 0; m < mc; m++)
+                T::dot(u, w, xq[m] + oq, xe[m] + g * 8, xs[m] + g * 16, jb, Ts[m]);
         }
         for (long m = 0; m < mc; m++) {
             const __m256 base = _mm256_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
@@ -1148,7 +1157,8 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0, long 
 // the same for tiles of 32-blocks (Q5_0, Q4_0): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
-static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0, long mc) {
+static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0) {
+    constexpr long mc = MC;
     const XRows &x = *j.x;
     const long nb = j.K / T::QK;
     __m256 A[MC];
@@ -1176,13 +1186,20 @@ static constexpr auto tile_fn() {  // the kernel for T's tiles: 32-blocks or K-q
         return tile_rows<T, MC>;
 }
 
-// one tile (weight rows n0..n0+7) for every x row of the pass
+// the kernels for 1 .. 16 x rows
+typedef void (*TileFn)(const Job &, const uint8_t *, long, long);
+template <class T, int... I>
+static constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
+    return {tile_fn<T, I + 1>()...};
+}
+
+// one tile (weight rows n0..n0+7) for every x row of the pass, 16 x rows at a time
 template <class T>
 static void rows_r8(const Job &j, long n0, long) {
+    static constexpr auto fns = tile_table<T>(std::make_integer_sequence<int, 16>{});
     const uint8_t *tile = j.w + n0 * j.rb;  // 8 rows' bytes, group by group
-    if (j.x->M == 1) return tile_fn<T, 1>()(j, tile, n0, 0, 1);
     for (long m0 = 0; m0 < j.x->M; m0 += 16)
-        tile_fn<T, 16>()(j, tile, n0, m0, j.x->M - m0 < 16 ? j.x->M - m0 : 16);
+        fns[(j.x->M - m0 < 16 ? j.x->M - m0 : 16) - 1](j, tile, n0, m0);
 }
 
 // file layout -> tiles, in place: a matrix of N (a multiple of 8) rows of K
