@@ -1103,12 +1103,12 @@ static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
     for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
 }
 
-// x rows m0 .. m0 + MC - 1 of one tile. MC is the exact count (one instantiation per count):
-// the x-row loops unroll and every row's sums stay in registers (with a runtime count they
-// lived on the stack, a load and a store per block and x row)
+// x rows m0 .. m0 + mc - 1 of one tile (mc <= MC). Inlined with mc = MC (``exact_rows``), the
+// x-row loops unroll and every row's sums stay in registers (with a runtime count they lived
+// on the stack: a load and a store per block and x row)
 template <class T, int MC>
-static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0) {
-    constexpr long mc = MC;
+static inline __attribute__((always_inline)) void tile_rows(const Job &j, const uint8_t *tile,
+                                                            long n0, long m0, long mc) {
     const XRows &x = *j.x;
     __m256 A[MC], B[MC];
     for (long m = 0; m < mc; m++) A[m] = B[m] = _mm256_setzero_ps();
@@ -1157,8 +1157,8 @@ static void tile_rows(const Job &j, const uint8_t *tile, long n0, long m0) {
 // the same for tiles of 32-blocks (Q5_0, Q4_0): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
-static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0) {
-    constexpr long mc = MC;
+static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, const uint8_t *tile,
+                                                              long n0, long m0, long mc) {
     const XRows &x = *j.x;
     const long nb = j.K / T::QK;
     __m256 A[MC];
@@ -1178,19 +1178,38 @@ static void tile_rows_b(const Job &j, const uint8_t *tile, long n0, long m0) {
     for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
 }
 
-template <class T, int MC>
-static constexpr auto tile_fn() {  // the kernel for T's tiles: 32-blocks or K-quant groups
+template <class T, int MC>  // T's tiles: 32-blocks or K-quant groups
+static inline __attribute__((always_inline)) void tile_any(const Job &j, const uint8_t *tile,
+                                                           long n0, long m0, long mc) {
     if constexpr (T::QK == 32)
-        return tile_rows_b<T, MC>;
+        tile_rows_b<T, MC>(j, tile, n0, m0, mc);
     else
-        return tile_rows<T, MC>;
+        tile_rows<T, MC>(j, tile, n0, m0, mc);
+}
+template <class T>
+static __attribute__((noinline)) void tile_loop(const Job &j, const uint8_t *tile, long n0,
+                                                long m0, long mc) {
+    tile_any<T, 16>(j, tile, n0, m0, mc);  // mc unknown here: the loops stay loops
 }
 
-// the kernels for 1 .. 16 x rows
+// exactly M x rows; with AVX2's 16 vector registers past 8 rows the unrolled sums spill
+// anyway, so there one kernel with a runtime count does 9 .. 16 (AVX-512: 32 registers)
+#if defined(__AVX512VL__)
+constexpr int EXACT_ROWS = 16;
+#else
+constexpr int EXACT_ROWS = 8;
+#endif
+template <class T, int M>
+static void exact_rows(const Job &j, const uint8_t *tile, long n0, long m0) {
+    if constexpr (M <= EXACT_ROWS)
+        tile_any<T, M>(j, tile, n0, m0, M);
+    else
+        tile_loop<T>(j, tile, n0, m0, M);
+}
 typedef void (*TileFn)(const Job &, const uint8_t *, long, long);
 template <class T, int... I>
 static constexpr std::array<TileFn, sizeof...(I)> tile_table(std::integer_sequence<int, I...>) {
-    return {tile_fn<T, I + 1>()...};
+    return {exact_rows<T, I + 1>...};
 }
 
 // one tile (weight rows n0..n0+7) for every x row of the pass, 16 x rows at a time
