@@ -37,10 +37,18 @@ ROWS = (1, 2, 3, 5, 9, 16)
 
 def load(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
+    abi = lib.specdec_abi_version()
+    if abi not in (kernels.ABI_VERSION, 9):
+        raise SystemExit(f"{path}: ABI {abi}, this script knows {kernels.ABI_VERSION} and 9")
     for name, argtypes in kernels._SIGNATURES.items():
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes, fn.restype = argtypes, kernels._RESTYPES.get(name)
+    if abi == 9:  # gguf_dequantize had no N (the matrix's rows) before the tile pairs
+        old = lib.gguf_dequantize
+        old.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2
+        old.argtypes += [ctypes.c_void_p, ctypes.c_int]
+        lib.gguf_dequantize = lambda q, w, ids, r, n, k, out, nt: old(q, w, ids, r, k, out, nt)
     return lib
 
 
@@ -68,17 +76,20 @@ def products(libs: dict, rounds: int) -> None:
         "Q4_K 143360x1536, from memory": (random_weight(Q.Q4_K, 143360, 1536), 1),
     }
     for title, (w, calls) in mats.items():
-        w = gk.repack(w)
+        tiled = {}  # each build tiles the matrix its own way (the tile pairs' order may differ)
+        for name, lib in libs.items():
+            use(lib)
+            tiled[name] = gk.repack(w)
         times, outs = {}, {}
         for _ in range(rounds):
             for m in ROWS:
                 x = torch.randn(m, w.in_features)
                 for name, lib in libs.items():
                     use(lib)
-                    outs[name] = gk.linear(x, w)
+                    outs[name] = gk.linear(x, tiled[name])
                     t0 = time.perf_counter()
                     for _ in range(calls):
-                        gk.linear(x, w)
+                        gk.linear(x, tiled[name])
                     times.setdefault((name, m), []).append(time.perf_counter() - t0)
                 if not torch.equal(*outs.values()):
                     raise SystemExit(f"{title}, {m} rows: the builds' bits differ")
@@ -90,20 +101,25 @@ def models(libs: dict, rounds: int) -> None:
     from specdec.bench.passes import CONTEXT
     from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-    llm = LLM(DEFAULT_TARGET, DEFAULT_DRAFT, "sd", num_threads=2, max_model_len=512)
-    for title, model, sizes in (
-        ("target pass", llm.target, (1, 2, 3, 5, 9)),
-        ("draft pass", llm.decoder.drafter.model, (1, 4)),
-    ):
-        cache = model.new_cache(1, CONTEXT + 20)
+    llms = {}  # one copy of the pair per build: each tiles the weights at load its own way
+    for name, lib in libs.items():
+        use(lib)
+        llms[name] = LLM(DEFAULT_TARGET, DEFAULT_DRAFT, "sd", num_threads=2, max_model_len=512)
+    for title, sizes in (("target pass", (1, 2, 3, 5, 9)), ("draft pass", (1, 4))):
+        models, caches = {}, {}
         prompt = torch.randint(0, 1000, (1, CONTEXT))
-        model.forward(prompt, cache, logits_at=torch.tensor([[CONTEXT - 1]]))
+        for name, llm in llms.items():
+            use(libs[name])
+            models[name] = llm.target if title == "target pass" else llm.decoder.drafter.model
+            caches[name] = models[name].new_cache(1, CONTEXT + 20)
+            models[name].forward(prompt, caches[name], logits_at=torch.tensor([[CONTEXT - 1]]))
         times, outs = {}, {}
         for _ in range(rounds):
             for s in sizes:
                 tokens = torch.randint(0, 1000, (1, s))
                 for name, lib in libs.items():
                     use(lib)
+                    model, cache = models[name], caches[name]
                     cache.rollback(0, CONTEXT)
                     t0 = time.perf_counter()
                     outs[name] = model.forward(tokens, cache)

@@ -293,7 +293,7 @@ def test_tiles_give_the_same_bits_in_every_build(monkeypatch, name):
     after) compute the same integers and the same float operations: identical bits, for
     5 x rows (unrolled kernels in every build) and 12 (a loop in the AVX2 build)."""
     torch.manual_seed(7)
-    w, _, _ = make_tiled(name, n=16)
+    w, _, _ = make_tiled(name, n=24)
     x = torch.randn(12, w.in_features)
     ys = {}
     for build in kernels.BUILDS:

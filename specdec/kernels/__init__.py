@@ -46,7 +46,7 @@ BUILDS = {
     ),
     "avx2": ([], ()),
 }
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 _P = ctypes.c_void_p
 _L = ctypes.c_long
@@ -66,7 +66,7 @@ _SIGNATURES = {
     "attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I],
     "gguf_linear": [_I, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I],
     "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],
-    "gguf_dequantize": [_I, _P, _P, _L, _L, _P, _I],
+    "gguf_dequantize": [_I, _P, _P, _L, _L, _L, _P, _I],
     "gguf_repack": [_I, _P, _L, _L, _I],
     # layers, L, kcs, vcs, x, B, T, Dm, HQ, HK, D, I, pos, cos, sin, rows, start, nnew, mask,
     # MS, S, scale, eps, threads

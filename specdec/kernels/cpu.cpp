@@ -669,7 +669,7 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
 #include "gguf_kernels.h"
 
 extern "C" {
-int specdec_abi_version() { return 9; }
+int specdec_abi_version() { return 10; }
 int specdec_vector_lanes() { return VL; }
 void linear_f32(const float *x, const float *w, const float *bias, float *y, long M, long N,
                 long K, int nt) {
@@ -707,10 +707,11 @@ int gguf_linear_parts(int P, const int *qtypes, const uint8_t *const *ws, const 
                       int int8x, int nt) {
     return gq::linear_parts(P, qtypes, ws, Ns, x, bias, y, ldy, M, K, int8x != 0, nt);
 }
-// rows ids[0..R) (or 0..R where ids is null) of such a matrix as fp32 [R, K]
-int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, long K, float *out,
-                    int nt) {
-    return gq::with_type(qtype, [&](auto t) { gq::dequantize<decltype(t)>(w, ids, R, K, out, nt); })
+// rows ids[0..R) (or 0..R where ids is null) of such a matrix (N rows) as fp32 [R, K]
+int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, long N, long K,
+                    float *out, int nt) {
+    return gq::with_type(qtype,
+                         [&](auto t) { gq::dequantize<decltype(t)>(w, ids, R, N, K, out, nt); })
                ? 0
                : -1;
 }

@@ -11,7 +11,8 @@
 // Loaded natively, Q4_K, Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
 // R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
 // extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
-// on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30).
+// on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30). The VNNI build
+// stores Q4_K and Q6_K tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -1221,19 +1222,251 @@ static void rows_r8(const Job &j, long n0, long) {
         fns[(j.x->M - m0 < 16 ? j.x->M - m0 : 16) - 1](j, tile, n0, m0);
 }
 
+#if defined(__AVX512VNNI__)
+// ---- two tiles at once (AVX-512 with VNNI): 16 weight rows per instruction ------------------
+// A Zen 4 splits a 512-bit instruction into two 256-bit halves, so the multipliers' rate is
+// the same; but a pair of tiles (weight rows n0..n0+15, adjacent in memory) takes half the
+// instructions of two 8-row tiles, and with ymm the x-row loop issued ~8 cycles per block and
+// x row for the 4 its 8 dpbusd need: the front end, not the multipliers, set the pace (a
+// synthetic loop: 5-8 cycles with ymm, 4.3-4.5 with zmm at 5-16 x rows). Lane r < 8 is tile
+// a's weight row r, lane 8 + r tile b's; each lane does the 8-row kernel's arithmetic in its
+// order, so the bits are the same (tested). Measured on the default target (Zen 4, 2 threads,
+// the two kernels taking turns): a 5-token pass 45-49 -> 39-43 ms, 9 tokens -14%, a 1-token
+// pass 3-5% slower (the pair's two heads per group; no prefetch distance helped).
+static inline __m512i cat(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+static inline __m512 cat(__m256 a, __m256 b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+}
+static inline void dp_bcast(__m512i &S, __m512i w, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
+}
+struct R16Group {  // R8Group's fields a type reads, tile a's lanes then tile b's
+    __m512 d, dmin, scf[8], mn[8];
+    __m512i sc32[16], sc2[8];
+};
+template <class T>
+struct Pair;
+template <>
+struct Pair<R8Q4_K> {
+    static constexpr int SEGS = 9;  // the tile-group's bytes in the order the kernel reads them
+    static constexpr int SEG[SEGS][2] = {{0, 128},   {128, 128}, {256, 128}, {384, 128}, {512, 128},
+                                         {640, 128}, {768, 128}, {896, 128}, {1024, 128}};
+    static void head(const uint8_t *pg, R16Group &u) {  // head() reads bytes 0..127 only
+        R8Group a, b;
+        R8Q4_K::head(pg, a);
+        R8Q4_K::head(pg + 128, b);
+        u.d = cat(a.d, b.d);
+        u.dmin = cat(a.dmin, b.dmin);
+        for (int j = 0; j < 8; j++) {
+            u.scf[j] = cat(a.scf[j], b.scf[j]);
+            u.mn[j] = cat(a.mn[j], b.mn[j]);
+        }
+    }
+    static inline void steps(const uint8_t *pg, int j, __m512i (&w)[8]) {
+        const __m512i low4 = _mm512_set1_epi8(15);
+        for (int t = 0; t < 4; t++) {
+            const uint8_t *at = pg + 256 + 256 * j + 32 * t;
+            const __m512i v4 = cat(ld(at), ld(at + 128));
+            w[t] = _mm512_and_si512(v4, low4);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v4, 4), low4);
+        }
+    }
+    static inline void dot(const R16Group &u, const __m512i (&w)[8], const int8_t *xq,
+                           const float *ef, const int16_t *, int j, __m512 &T) {
+        __m512i S2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        const __m512i S = _mm512_add_epi32(S2[0], S2[1]);
+        const __m512 Ss = _mm512_mul_ps(_mm512_cvtepi32_ps(S), u.scf[j]);
+        T = _mm512_fmadd_ps(Ss, _mm512_set1_ps(ef[j]), T);
+    }
+};
+template <>
+struct Pair<R8Q6_K> {
+    static constexpr int SEGS = 17;  // head; then per block j: low 4 bits, top 2 bits
+    static constexpr int SEG[SEGS][2] = {
+        {0, 144},    {144, 128}, {1168, 64}, {272, 128}, {1232, 64}, {400, 128},
+        {1296, 64},  {528, 128}, {1360, 64}, {656, 128}, {1424, 64}, {784, 128},
+        {1488, 64},  {912, 128}, {1552, 64}, {1040, 128}, {1616, 64}};
+    static void head(const uint8_t *pg, R16Group &u) {  // head() reads bytes 0..143 only
+        R8Group a, b;
+        R8Q6_K::head(pg, a);
+        R8Q6_K::head(pg + 144, b);
+        u.d = u.dmin = cat(a.d, b.d);
+        for (int i = 0; i < 16; i++) u.sc32[i] = cat(a.sc32[i], b.sc32[i]);
+        for (int j = 0; j < 8; j++) u.sc2[j] = cat(a.sc2[j], b.sc2[j]);
+    }
+    static inline void steps(const uint8_t *pg, int j, __m512i (&w)[8]) {
+        const __m512i low4 = _mm512_set1_epi8(15), b45 = _mm512_set1_epi8(0x30);
+        const uint8_t *blk = pg + 288 + 384 * j, *ah = blk + 256;  // a's ql, b's, a's qh, b's
+        const __m512i h0 = cat(ld(ah), ld(ah + 64)), h1 = cat(ld(ah + 32), ld(ah + 96));
+        const __m512i hs0[4] = {_mm512_slli_epi16(h0, 4), _mm512_slli_epi16(h0, 2), h0,
+                                _mm512_srli_epi16(h0, 2)};
+        const __m512i hs1[4] = {_mm512_slli_epi16(h1, 4), _mm512_slli_epi16(h1, 2), h1,
+                                _mm512_srli_epi16(h1, 2)};
+        for (int t = 0; t < 4; t++) {
+            const __m512i v4 = cat(ld(blk + 32 * t), ld(blk + 128 + 32 * t));
+            w[t] = _mm512_or_si512(_mm512_and_si512(v4, low4), _mm512_and_si512(hs0[t], b45));
+            w[t + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v4, 4), low4),
+                                       _mm512_and_si512(hs1[t], b45));
+        }
+    }
+    static inline void dot(const R16Group &u, const __m512i (&w)[8], const int8_t *xq,
+                           const float *ef, const int16_t *s16, int j, __m512 &T) {
+        __m512i S0 = _mm512_setzero_si512(), S1 = _mm512_setzero_si512();
+        for (int s = 0; s < 4; s++) {
+            dp_bcast(S0, w[s], xq + 4 * s);
+            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
+        }
+        __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(S0, u.sc32[2 * j]),
+                                     _mm512_mullo_epi32(S1, u.sc32[2 * j + 1]));
+        int32_t pair;
+        memcpy(&pair, s16 + 2 * j, 4);
+        const __m512i O = _mm512_madd_epi16(u.sc2[j], _mm512_set1_epi32(pair));
+        S = _mm512_sub_epi32(S, _mm512_slli_epi32(O, 5));
+        T = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(ef[j]), T);
+    }
+};
+template <class T>
+constexpr bool PAIRS = false;
+template <>
+constexpr bool PAIRS<R8Q4_K> = true;
+template <>
+constexpr bool PAIRS<R8Q6_K> = true;
+
+// tile_rows for the tile pair at weight rows n0..n0+15 (tile_rows' steps, two tiles wide)
+template <class T, int MC>
+static inline __attribute__((always_inline)) void pair_rows(const Job &j, const uint8_t *ta,
+                                                            long n0, long m0, long mc) {
+    const XRows &x = *j.x;
+    __m512 A[MC], B[MC];
+    for (long m = 0; m < mc; m++) A[m] = B[m] = _mm512_setzero_ps();
+    const int8_t *xq[MC];
+    const float *xe[MC];
+    const int16_t *xs[MC];
+    for (long m = 0; m < mc; m++) {
+        xq[m] = x.q + (m0 + m) * x.KP;
+        xe[m] = x.ef + (m0 + m) * (x.KP / 32);
+        xs[m] = x.s16 + (m0 + m) * (x.KP / 16);
+    }
+    R16Group u;
+    for (long g = 0; g < j.groups; g++) {
+        const uint8_t *pg = ta + 2 * g * T::TG;  // the pair's group g (pair_group)
+        // how far ahead to fetch: for one x row, the 8-row kernel's distance (2304 bytes) into
+        // L1; for more, 1.5 pair-groups into L2 (a Q6_K 5-row pass from memory, against
+        // L1 at 1 pair-group -17%; the model's 5-token pass measured best of the distances tried)
+        const char *ahead = (const char *)(pg + (MC == 1 ? 2 : 3) * T::TG);
+        constexpr long PF = (2 * T::TG + 8 * 64 - 1) / (8 * 64) * 64;
+        Pair<T>::head(pg, u);
+        __m512 Ts[MC];
+        for (long m = 0; m < mc; m++) Ts[m] = _mm512_setzero_ps();
+        for (int jb = 0; jb < 8; jb++) {
+            __m512i w[8];
+            for (long b = jb * PF; b < (jb + 1) * PF && b < 2 * T::TG; b += 64)
+                _mm_prefetch(ahead + b, MC == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
+            Pair<T>::steps(pg, jb, w);
+            const long oq = g * G + 32 * jb;
+            for (long m = 0; m < mc; m++)
+                Pair<T>::dot(u, w, xq[m] + oq, xe[m] + g * 8, xs[m] + g * 16, jb, Ts[m]);
+        }
+        for (long m = 0; m < mc; m++) {
+            const __m512 base = _mm512_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
+            A[m] = _mm512_fmadd_ps(Ts[m], _mm512_mul_ps(u.d, base), A[m]);
+            if constexpr (T::MINS) {
+                const float *es = x.es + (m0 + m) * (x.KP / 32) + g * 8;
+                __m512 U = _mm512_setzero_ps();
+                for (int jb = 0; jb < 8; jb++)
+                    U = _mm512_fmadd_ps(u.mn[jb], _mm512_set1_ps(es[jb]), U);
+                B[m] = _mm512_fnmadd_ps(U, _mm512_mul_ps(u.dmin, base), B[m]);
+            }
+        }
+    }
+    for (long m = 0; m < mc; m++) {
+        alignas(64) float y[16];
+        _mm512_store_ps(y, _mm512_add_ps(A[m], B[m]));
+        float *out = j.y + (m0 + m) * j.ldy + n0;
+        for (int r = 0; r < 16; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+    }
+}
+template <class T, int M>
+static void exact_pair_rows(const Job &j, const uint8_t *ta, long n0, long m0) {
+    pair_rows<T, M>(j, ta, n0, m0, M);
+}
+template <class T, int... I>
+static constexpr std::array<TileFn, sizeof...(I)> pair_table(std::integer_sequence<int, I...>) {
+    return {exact_pair_rows<T, I + 1>...};
+}
+// weight rows n0..n1 (16, or a last 8): a tile pair, or one tile, for every x row of the pass
+template <class T>
+static void rows_r16(const Job &j, long n0, long n1) {
+    if (n1 - n0 < 16) return rows_r8<T>(j, n0, n1);
+    static constexpr auto fns = pair_table<T>(std::make_integer_sequence<int, 16>{});
+    const uint8_t *ta = j.w + n0 * j.rb;
+    for (long m0 = 0; m0 < j.x->M; m0 += 16)
+        fns[(j.x->M - m0 < 16 ? j.x->M - m0 : 16) - 1](j, ta, n0, m0);
+}
+#else
+template <class T>
+constexpr bool PAIRS = false;
+template <class T>
+struct Pair;
+template <class T>
+static void rows_r16(const Job &, long, long);  // never called: no pairs in this build
+#endif
+
+// With pairs (the VNNI build) the two tiles of each full pair, weight rows 16p..16p+15, are
+// stored as one stream: pair-group g holds both tiles' group g, segment by segment in the
+// order the kernel reads them (Pair<T>::SEG: a's segment, then b's). Two tiles read side by
+// side from their own places halved a core's bandwidth from memory. A last unpaired tile
+// keeps the 8-row form. Returns tile-group g of the tile holding weight row n (in scratch
+// when it lies in a pair).
+template <class T>
+static inline const uint8_t *tile_group(const uint8_t *w, long n, long g, long rb, long N,
+                                        uint8_t *scratch) {
+    const long t = n / 8;
+    if constexpr (PAIRS<T>) {
+        if (t / 2 < N / 16) {
+            const uint8_t *pg = w + t / 2 * 16 * rb + 2 * g * T::TG;
+            for (int s = 0, at = 0; s < Pair<T>::SEGS; at += 2 * Pair<T>::SEG[s][1], s++)
+                memcpy(scratch + Pair<T>::SEG[s][0], pg + at + t % 2 * Pair<T>::SEG[s][1],
+                       Pair<T>::SEG[s][1]);
+            return scratch;
+        }
+    }
+    return w + t * 8 * rb + g * T::TG;
+}
+// the pair-group of tile-groups a and b
+template <class T>
+static void pair_group(const uint8_t *a, const uint8_t *b, uint8_t *pg) {
+    if constexpr (PAIRS<T>) {
+        for (int s = 0, at = 0; s < Pair<T>::SEGS; at += 2 * Pair<T>::SEG[s][1], s++) {
+            memcpy(pg + at, a + Pair<T>::SEG[s][0], Pair<T>::SEG[s][1]);
+            memcpy(pg + at + Pair<T>::SEG[s][1], b + Pair<T>::SEG[s][0], Pair<T>::SEG[s][1]);
+        }
+    }
+}
+
 // file layout -> tiles, in place: a matrix of N (a multiple of 8) rows of K
 template <class T>
 static void repack(uint8_t *w, long N, long K, int nt) {
     const long groups = K / T::QK, rb = groups * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (long t = 0; t < N / 8; t++) {
-        uint8_t *tile = w + t * 8 * rb;
-        uint8_t *copy = (uint8_t *)malloc(8 * rb);
-        memcpy(copy, tile, 8 * rb);
-        for (long g = 0; g < groups; g++) {
-            const uint8_t *blocks[8];
-            for (int r = 0; r < 8; r++) blocks[r] = copy + r * rb + g * T::BYTES;
-            T::pack(blocks, tile + g * T::TG);
+    for (long t = 0; t < (N + 8) / 16; t++) {  // a pair's 16 rows, or a last tile's 8
+        const long rows = PAIRS<T> && 16 * t + 16 <= N ? 16 : 8;
+        uint8_t *copy = (uint8_t *)malloc(16 * rb), *out = w + 16 * t * rb;
+        memcpy(copy, out, (16 * t + 16 <= N ? 16 : 8) * rb);
+        for (long h = 0; h < (16 * t + 16 <= N ? 2 : 1); h++) {  // tiles 2t, 2t + 1 in place
+            for (long g = 0; g < groups; g++) {
+                const uint8_t *blocks[8];
+                for (int r = 0; r < 8; r++) blocks[r] = copy + (8 * h + r) * rb + g * T::BYTES;
+                T::pack(blocks, out + 8 * h * rb + g * T::TG);
+            }
+        }
+        if (rows == 16) {  // the two tiles -> pair-groups
+            memcpy(copy, out, 16 * rb);
+            for (long g = 0; g < groups; g++)
+                pair_group<T>(copy + g * T::TG, copy + 8 * rb + g * T::TG, out + 2 * g * T::TG);
         }
         free(copy);
     }
@@ -1241,17 +1474,16 @@ static void repack(uint8_t *w, long N, long K, int nt) {
 
 // rows of a tiled matrix as fp32, by way of the file's blocks
 template <class T>
-static void dequantize_tiled(const uint8_t *w, const int64_t *ids, long R, long K, float *out,
-                             int nt) {
+static void dequantize_tiled(const uint8_t *w, const int64_t *ids, long R, long N, long K,
+                             float *out, int nt) {
     const long groups = K / T::QK, rb = groups * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt) if (R * K > (1 << 16))
     for (long r = 0; r < R; r++) {
         const long n = ids ? ids[r] : r;
-        const uint8_t *tile = w + n / 8 * 8 * rb;
-        alignas(64) uint8_t b[T::BYTES];
+        alignas(64) uint8_t b[T::BYTES], scratch[T::TG];
         alignas(64) float f[G];  // group_f32 fills a whole group (8 blocks of 32)
         for (long g = 0; g < groups; g++) {
-            T::block(tile + g * T::TG, (int)(n % 8), b);
+            T::block(tile_group<T>(w, n, g, rb, N, scratch), (int)(n % 8), b);
             group_f32<typename T::Base>(b, 0, T::QK, f);
             memcpy(out + r * K + g * T::QK, f, sizeof(float) * T::QK);
         }
@@ -1290,7 +1522,9 @@ template <class T>
 static RowsFn rows_fn(bool int8x, long M) {
     constexpr Kind KD = kind<T>();
     if constexpr (TILED<T>) {
-        return int8x ? rows_r8<T> : nullptr;  // tiles exist for int8 x only
+        if (!int8x) return nullptr;  // tiles exist for int8 x only
+        if constexpr (PAIRS<T>) return rows_r16<T>;
+        return rows_r8<T>;
     } else if constexpr (KD == KQ) {
         if constexpr (ONE_ROW<T>) {
             if (int8x && M == 1) return rows_one<T>;
@@ -1316,6 +1550,7 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
     RowsFn fns[8];
     int xkind[8];  // which of the x forms below part p reads
     long first_item[9] = {0};
+    long rp[8];  // weight rows per work item: a tile pair's 16, else 8
     if (P < 1 || P > 8) return -1;
     long col = 0;
     for (int p = 0; p < P; p++) {
@@ -1327,12 +1562,13 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
             need[xkind[p]] = true;
             fns[p] = rows_fn<T>(i8, M);
             if (TILED<T> && Ns[p] % 8) fns[p] = nullptr;
+            rp[p] = PAIRS<T> ? 16 : 8;
             jobs[p] = Job{ws[p], K / T::QK * T::BYTES, Ns[p], K, groups, nullptr, y + col, ldy,
                           bias ? bias + col : nullptr};
         });
         if (!ok || !fns[p]) return -1;
         col += Ns[p];
-        first_item[p + 1] = first_item[p] + (Ns[p] + 7) / 8;
+        first_item[p + 1] = first_item[p] + (Ns[p] + rp[p] - 1) / rp[p];
     }
     // x as each kind of part reads it: int8 q M*KP bytes then s16, s32, dx, e2 (M*KP/8 bytes
     // each at most), e8 (M*KP/16), ef and es (M*KP/8 each): under 2 * M*KP; or fp32 M*KP
@@ -1366,7 +1602,8 @@ static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, cons
     for (long it = 0; it < items; it++) {
         int p = 0;
         while (it >= first_item[p + 1]) p++;
-        const long n0 = (it - first_item[p]) * 8, n1 = n0 + 8 < jobs[p].N ? n0 + 8 : jobs[p].N;
+        const long n0 = (it - first_item[p]) * rp[p];
+        const long n1 = n0 + rp[p] < jobs[p].N ? n0 + rp[p] : jobs[p].N;
         fns[p](jobs[p], n0, n1);
     }
     for (int v = 0; v < 3; v++) free(mem[v]);
@@ -1391,9 +1628,10 @@ static void dequantize_file(const uint8_t *w, const int64_t *ids, long R, long K
 }
 
 template <class T>
-static void dequantize(const uint8_t *w, const int64_t *ids, long R, long K, float *out, int nt) {
+static void dequantize(const uint8_t *w, const int64_t *ids, long R, long N, long K, float *out,
+                       int nt) {
     if constexpr (TILED<T>)
-        dequantize_tiled<T>(w, ids, R, K, out, nt);
+        dequantize_tiled<T>(w, ids, R, N, K, out, nt);
     else
         dequantize_file<T>(w, ids, R, K, out, nt);
 }
