@@ -1096,13 +1096,31 @@ constexpr bool TILED<R8Q4_K> = true;
 template <>
 constexpr bool TILED<R8Q6_K> = true;
 
-// the 8 outputs of x row m for weight rows n0..n0+7 (+ bias)
+// the n outputs y of x row m for weight rows n0..n0+n-1 (+ bias)
+static inline void store_rows(const Job &j, const float *y, int n, long m, long n0) {
+    float *out = j.y + m * j.ldy + n0;
+    for (int r = 0; r < n; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+}
 static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
     alignas(32) float y[8];
     _mm256_store_ps(y, y8);
-    float *out = j.y + m * j.ldy + n0;
-    for (int r = 0; r < 8; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+    store_rows(j, y, 8, m, n0);
 }
+
+// x row m0 + m's quants and block factors (m < mc), set once per tile
+template <int MC>
+struct XPtrs {
+    const int8_t *q[MC];
+    const float *e[MC];
+    const int16_t *s[MC];
+    XPtrs(const XRows &x, long m0, long mc) {
+        for (long m = 0; m < mc; m++) {
+            q[m] = x.q + (m0 + m) * x.KP;
+            e[m] = x.ef + (m0 + m) * (x.KP / 32);
+            s[m] = x.s16 + (m0 + m) * (x.KP / 16);
+        }
+    }
+};
 
 // x rows m0 .. m0 + mc - 1 of one tile (mc <= MC). Inlined with mc = MC (``exact_rows``), the
 // x-row loops unroll and every row's sums stay in registers (with a runtime count they lived
@@ -1113,14 +1131,7 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
     const XRows &x = *j.x;
     __m256 A[MC], B[MC];
     for (long m = 0; m < mc; m++) A[m] = B[m] = _mm256_setzero_ps();
-    const int8_t *xq[MC];  // x row m0 + m's quants and block factors, set once
-    const float *xe[MC];
-    const int16_t *xs[MC];
-    for (long m = 0; m < mc; m++) {
-        xq[m] = x.q + (m0 + m) * x.KP;
-        xe[m] = x.ef + (m0 + m) * (x.KP / 32);
-        xs[m] = x.s16 + (m0 + m) * (x.KP / 16);
-    }
+    const XPtrs<MC> p(x, m0, mc);
     R8Group u;
     for (long g = 0; g < j.groups; g++) {
         const uint8_t *tg = tile + g * T::TG;
@@ -1138,7 +1149,7 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
             T::steps(tg, jb, w);
             const long oq = g * G + 32 * jb;
             for (long m = 0; m < mc; m++)
-                T::dot(u, w, xq[m] + oq, xe[m] + g * 8, xs[m] + g * 16, jb, Ts[m]);
+                T::dot(u, w, p.q[m] + oq, p.e[m] + g * 8, p.s[m] + g * 16, jb, Ts[m]);
         }
         for (long m = 0; m < mc; m++) {
             const __m256 base = _mm256_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
@@ -1342,14 +1353,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
     const XRows &x = *j.x;
     __m512 A[MC], B[MC];
     for (long m = 0; m < mc; m++) A[m] = B[m] = _mm512_setzero_ps();
-    const int8_t *xq[MC];
-    const float *xe[MC];
-    const int16_t *xs[MC];
-    for (long m = 0; m < mc; m++) {
-        xq[m] = x.q + (m0 + m) * x.KP;
-        xe[m] = x.ef + (m0 + m) * (x.KP / 32);
-        xs[m] = x.s16 + (m0 + m) * (x.KP / 16);
-    }
+    const XPtrs<MC> p(x, m0, mc);
     R16Group u;
     for (long g = 0; g < j.groups; g++) {
         const uint8_t *pg = ta + 2 * g * T::TG;  // the pair's group g (pair_group)
@@ -1368,7 +1372,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
             Pair<T>::steps(pg, jb, w);
             const long oq = g * G + 32 * jb;
             for (long m = 0; m < mc; m++)
-                Pair<T>::dot(u, w, xq[m] + oq, xe[m] + g * 8, xs[m] + g * 16, jb, Ts[m]);
+                Pair<T>::dot(u, w, p.q[m] + oq, p.e[m] + g * 8, p.s[m] + g * 16, jb, Ts[m]);
         }
         for (long m = 0; m < mc; m++) {
             const __m512 base = _mm512_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
@@ -1385,8 +1389,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
     for (long m = 0; m < mc; m++) {
         alignas(64) float y[16];
         _mm512_store_ps(y, _mm512_add_ps(A[m], B[m]));
-        float *out = j.y + (m0 + m) * j.ldy + n0;
-        for (int r = 0; r < 16; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
+        store_rows(j, y, 16, m0 + m, n0);
     }
 }
 template <class T, int M>
@@ -1453,17 +1456,17 @@ static void repack(uint8_t *w, long N, long K, int nt) {
     const long groups = K / T::QK, rb = groups * T::BYTES;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (long t = 0; t < (N + 8) / 16; t++) {  // a pair's 16 rows, or a last tile's 8
-        const long rows = PAIRS<T> && 16 * t + 16 <= N ? 16 : 8;
-        uint8_t *copy = (uint8_t *)malloc(16 * rb), *out = w + 16 * t * rb;
-        memcpy(copy, out, (16 * t + 16 <= N ? 16 : 8) * rb);
-        for (long h = 0; h < (16 * t + 16 <= N ? 2 : 1); h++) {  // tiles 2t, 2t + 1 in place
+        const long tiles = 16 * t + 16 <= N ? 2 : 1;
+        uint8_t *copy = (uint8_t *)malloc(8 * tiles * rb), *out = w + 16 * t * rb;
+        memcpy(copy, out, 8 * tiles * rb);
+        for (long h = 0; h < tiles; h++) {  // tiles 2t, 2t + 1 in place
             for (long g = 0; g < groups; g++) {
                 const uint8_t *blocks[8];
                 for (int r = 0; r < 8; r++) blocks[r] = copy + (8 * h + r) * rb + g * T::BYTES;
                 T::pack(blocks, out + 8 * h * rb + g * T::TG);
             }
         }
-        if (rows == 16) {  // the two tiles -> pair-groups
+        if (PAIRS<T> && tiles == 2) {  // the two tiles -> pair-groups
             memcpy(copy, out, 16 * rb);
             for (long g = 0; g < groups; g++)
                 pair_group<T>(copy + g * T::TG, copy + 8 * rb + g * T::TG, out + 2 * g * T::TG);
