@@ -1242,13 +1242,19 @@ static void rows_r8(const Job &j, long n0, long) {
 // synthetic loop: 5-8 cycles with ymm, 4.3-4.5 with zmm at 5-16 x rows). Lane r < 8 is tile
 // a's weight row r, lane 8 + r tile b's; each lane does the 8-row kernel's arithmetic in its
 // order, so the bits are the same (tested). Measured on the default target (Zen 4, 2 threads,
-// the two kernels taking turns): a 5-token pass 45-49 -> 39-43 ms, 9 tokens -14%, a 1-token
-// pass 3-5% slower (the pair's two heads per group; no prefetch distance helped).
+// the two kernels taking turns): a 5-token pass 45-49 -> 39-43 ms, 9 tokens -14%; a 1-token
+// pass was 3-5% slower until the heads were decoded 16 lanes wide (two 8-row heads joined lane
+// by lane had cost ~40% of a pair-group's instructions at one x row): then 14.6 -> 13.4 ms
+// against the 8-row kernels, and a 5-token pass 36.2 -> 24.7 ms (a fast memory phase).
 static inline __m512i cat(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 static inline __m512 cat(__m256 a, __m256 b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+}
+static inline __m256i cat(const uint8_t *a, const uint8_t *b) {  // 16 bytes at a, 16 at b
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                   _mm_loadu_si128((const __m128i *)b), 1);
 }
 static inline void dp_bcast(__m512i &S, __m512i w, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
@@ -1264,15 +1270,37 @@ struct Pair<R8Q4_K> {
     static constexpr int SEGS = 9;  // the tile-group's bytes in the order the kernel reads them
     static constexpr int SEG[SEGS][2] = {{0, 128},   {128, 128}, {256, 128}, {384, 128}, {512, 128},
                                          {640, 128}, {768, 128}, {896, 128}, {1024, 128}};
-    static void head(const uint8_t *pg, R16Group &u) {  // head() reads bytes 0..127 only
-        R8Group a, b;
-        R8Q4_K::head(pg, a);
-        R8Q4_K::head(pg + 128, b);
-        u.d = cat(a.d, b.d);
-        u.dmin = cat(a.dmin, b.dmin);
-        for (int j = 0; j < 8; j++) {
-            u.scf[j] = cat(a.scf[j], b.scf[j]);
-            u.mn[j] = cat(a.mn[j], b.mn[j]);
+    // R8Q4_K::head's steps on both heads at once (a's bytes 0..127, b's 128..255): the rows'
+    // scale bytes transposed in 512-bit registers, not two 256-bit heads joined lane by lane
+    static void head(const uint8_t *pg, R16Group &u) {
+        u.d = _mm512_cvtph_ps(cat(pg, pg + 128));
+        u.dmin = _mm512_cvtph_ps(cat(pg + 16, pg + 144));
+        const __m512i a0 = cat(ld(pg + 32), ld(pg + 160)), a1 = cat(ld(pg + 64), ld(pg + 192)),
+                      a2 = cat(ld(pg + 96), ld(pg + 224));
+        const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m4 = _mm512_set1_epi32(0x0f0f0f0f);
+        const __m512i top = _mm512_set1_epi32(0x30303030);
+        const __m512i v[4] = {
+            _mm512_and_si512(a0, m6),
+            _mm512_or_si512(_mm512_and_si512(a2, m4),
+                            _mm512_and_si512(_mm512_srli_epi32(a0, 2), top)),
+            _mm512_and_si512(a1, m6),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m4),
+                            _mm512_and_si512(_mm512_srli_epi32(a1, 2), top)),
+        };
+        // per 128-bit lane (4 rows: a 0-3, a 4-7, b 0-3, b 4-7): bytes by block, then the
+        // lanes' dwords transposed: lane q = block q's byte of the 16 rows, in row order
+        const __m512i tr = _mm512_broadcast_i32x4(
+            _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+        const __m512i lanes =
+            _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        for (int h = 0; h < 4; h++) {
+            alignas(64) uint8_t t[64];
+            _mm512_store_si512(t, _mm512_permutexvar_epi32(lanes, _mm512_shuffle_epi8(v[h], tr)));
+            for (int q = 0; q < 4; q++) {
+                const __m512 f = _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(t + 16 * q))));
+                (h < 2 ? u.scf : u.mn)[4 * (h & 1) + q] = f;
+            }
         }
     }
     static inline void steps(const uint8_t *pg, int j, __m512i (&w)[8]) {
@@ -1300,13 +1328,18 @@ struct Pair<R8Q6_K> {
         {0, 144},    {144, 128}, {1168, 64}, {272, 128}, {1232, 64}, {400, 128},
         {1296, 64},  {528, 128}, {1360, 64}, {656, 128}, {1424, 64}, {784, 128},
         {1488, 64},  {912, 128}, {1552, 64}, {1040, 128}, {1616, 64}};
-    static void head(const uint8_t *pg, R16Group &u) {  // head() reads bytes 0..143 only
-        R8Group a, b;
-        R8Q6_K::head(pg, a);
-        R8Q6_K::head(pg + 144, b);
-        u.d = u.dmin = cat(a.d, b.d);
-        for (int i = 0; i < 16; i++) u.sc32[i] = cat(a.sc32[i], b.sc32[i]);
-        for (int j = 0; j < 8; j++) u.sc2[j] = cat(a.sc2[j], b.sc2[j]);
+    // R8Q6_K::head on both heads at once (a's bytes 0..143, b's 144..287), 16 lanes wide
+    static void head(const uint8_t *pg, R16Group &u) {
+        u.d = u.dmin = _mm512_cvtph_ps(cat(pg, pg + 144));
+        const uint8_t *sa = pg + 16, *sb = pg + 160;  // [sub-block i][row] int8 scales
+        for (int j = 0; j < 8; j++) {  // sub-blocks 2j, 2j + 1: 8 bytes each, a's then b's
+            const __m128i a = _mm_loadu_si128((const __m128i *)(sa + 16 * j));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(sb + 16 * j));
+            u.sc32[2 * j] = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(a, b));
+            u.sc32[2 * j + 1] = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(a, b));
+            const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+            u.sc2[j] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(ab, _mm256_bsrli_epi128(ab, 8)));
+        }
     }
     static inline void steps(const uint8_t *pg, int j, __m512i (&w)[8]) {
         const __m512i low4 = _mm512_set1_epi8(15), b45 = _mm512_set1_epi8(0x30);
