@@ -149,3 +149,30 @@ def test_every_build_this_cpu_runs_compiles():
     for name in builds:
         lib, why = kernels.load_build(name)
         assert lib is not None, f"{name}: {why}"
+
+
+def test_each_build_exports_only_its_c_api():
+    """Two builds in one process (the every-build tests, ``ab_kernel_builds.py``) must not share
+    code or data: GCC binds an inline variable (a GNU "unique" symbol) process-wide to its first
+    definition even under RTLD_LOCAL, so an exported one would give a second build the first
+    one's tile-pair layout."""
+    import shutil
+    import subprocess
+
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils, installed with the compiler) is missing"
+    built = 0
+    for build in kernels.supported_builds():
+        lib, why = kernels.load_build(build)
+        assert lib is not None, why
+        out = subprocess.run(
+            [nm, "-D", "--defined-only", lib._name], capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        syms = [line.split() for line in out.stdout.splitlines() if line.strip()]
+        assert not [s for s in syms if s[1] == "u"], f"{build}: unique symbols exported"
+        assert not [s for s in syms if "2gq" in s[-1]], f"{build}: kernel internals exported"
+        assert "gguf_linear" in {s[-1] for s in syms}
+        built += 1
+    if not built:
+        pytest.skip("no kernel build runs on this CPU")

@@ -25,6 +25,10 @@
 // by one function of (weight row n, x row m), then summed; nothing depends on M, on which x
 // rows share a call, on k chunking or on threads. Integer parts are exact, so the AVX2 and
 // AVX-512 builds agree bit for bit too.
+// Nothing here is exported: two builds loaded in one process (the tests, ab_kernel_builds.py)
+// would otherwise share the first one's inline variables (GCC makes them unique symbols, bound
+// process-wide even under RTLD_LOCAL), e.g. another build's tile-pair layout
+#pragma GCC visibility push(hidden)
 namespace gq {
 
 enum Type : int {
@@ -1685,3 +1689,4 @@ static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
 }
 
 }  // namespace gq
+#pragma GCC visibility pop
