@@ -102,9 +102,9 @@ def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
     one instruction multiplies 4 k of all 8 rows by one x row: products of several x rows (a
     verify pass) cost far less than with the file's row-by-row layout, and one x row no more.
     The same bytes, so the same memory; ``in_place`` rearranges ``w.data`` itself (the loader's
-    copy of the file). The AVX-512 VNNI build interleaves Q4_K and Q6_K tiles in pairs (16 rows
-    per 512-bit instruction), so tiles are read only by the build that made them. Tiles
-    multiply with int8 x only (``linear(..., int8_x=True)``)."""
+    copy of the file). The AVX-512 VNNI build interleaves Q4_K, Q6_K and Q5_0 tiles in pairs
+    (16 rows per 512-bit instruction), so tiles are read only by the build that made them.
+    Tiles multiply with int8 x only (``linear(..., int8_x=True)``)."""
     lib = kernels.library()
     if lib is None or w.qtype not in TILED or w.out_features % 8:
         return w

@@ -12,7 +12,7 @@
 // R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
 // extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
 // on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30). The VNNI build
-// stores Q4_K and Q6_K tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
+// stores Q4_K, Q6_K and Q5_0 tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -1376,10 +1376,40 @@ struct Pair<R8Q6_K> {
         T = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(ef[j]), T);
     }
 };
+template <>
+struct Pair<R8Q5_0> {  // a pair-group is block b of both tiles: 16 weight rows x 32 k
+    static constexpr int SEGS = 3;  // d, the low 4 bits, the fifth bits
+    static constexpr int SEG[SEGS][2] = {{0, 16}, {16, 128}, {144, 32}};
+    static inline void steps(const uint8_t *pg, __m512i (&w)[8]) {
+        const __m512i low4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(16);
+        for (int t = 0; t < 4; t++) {
+            const __m512i v4 = cat(ld(pg + 32 + 32 * t), ld(pg + 160 + 32 * t));
+            w[t] = _mm512_and_si512(v4, low4);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v4, 4), low4);
+        }
+        const __m512i h = cat(ld(pg + 288), ld(pg + 320));
+        const __m512i hs[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
+                               _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1),
+                               h,                       _mm512_srli_epi16(h, 1),
+                               _mm512_srli_epi16(h, 2), _mm512_srli_epi16(h, 3)};
+        for (int s = 0; s < 8; s++) w[s] = _mm512_or_si512(w[s], _mm512_and_si512(hs[s], b4));
+    }
+    static inline __m512 d(const uint8_t *pg) { return _mm512_cvtph_ps(cat(pg, pg + 16)); }
+    static inline void dot(const __m512i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m512 d, __m512 &A) {
+        __m512i S2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        __m512i S = _mm512_add_epi32(S2[0], S2[1]);
+        S = _mm512_sub_epi32(S, _mm512_set1_epi32(R8Q5_0::OFF * sum));
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A);
+    }
+};
 template <class T>
 constexpr bool PAIRS = false;
 template <>
 constexpr bool PAIRS<R8Q4_K> = true;
+template <>
+constexpr bool PAIRS<R8Q5_0> = true;
 template <>
 constexpr bool PAIRS<R8Q6_K> = true;
 
@@ -1429,9 +1459,38 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
         store_rows(j, y, 16, m0 + m, n0);
     }
 }
+// tile_rows_b for a pair of 32-block tiles (Q5_0): pair-group b is block b of both
+template <class T, int MC>
+static inline __attribute__((always_inline)) void pair_rows_b(const Job &j, const uint8_t *ta,
+                                                              long n0, long m0, long mc) {
+    const XRows &x = *j.x;
+    const long nb = j.K / T::QK;
+    __m512 A[MC];
+    for (long m = 0; m < mc; m++) A[m] = _mm512_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *pg = ta + 2 * b * T::TG;
+        const char *ahead = (const char *)(pg + 12 * T::TG);  // as tile_rows_b, in bytes
+        for (int l = 0; l < 2 * T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+        __m512i w[8];
+        Pair<T>::steps(pg, w);
+        const __m512 d = Pair<T>::d(pg);
+        for (long m = 0; m < mc; m++) {
+            const long r = m0 + m, xb = r * (x.KP / 32) + b;
+            Pair<T>::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
+        }
+    }
+    for (long m = 0; m < mc; m++) {
+        alignas(64) float y[16];
+        _mm512_store_ps(y, A[m]);
+        store_rows(j, y, 16, m0 + m, n0);
+    }
+}
 template <class T, int M>
 static void exact_pair_rows(const Job &j, const uint8_t *ta, long n0, long m0) {
-    pair_rows<T, M>(j, ta, n0, m0, M);
+    if constexpr (T::QK == 32)
+        pair_rows_b<T, M>(j, ta, n0, m0, M);
+    else
+        pair_rows<T, M>(j, ta, n0, m0, M);
 }
 template <class T, int... I>
 static constexpr std::array<TileFn, sizeof...(I)> pair_table(std::integer_sequence<int, I...>) {
