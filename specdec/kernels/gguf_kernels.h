@@ -1271,9 +1271,17 @@ template <class T>
 struct Pair;
 template <>
 struct Pair<R8Q4_K> {
-    static constexpr int SEGS = 9;  // the tile-group's bytes in the order the kernel reads them
-    static constexpr int SEG[SEGS][2] = {{0, 128},   {128, 128}, {256, 128}, {384, 128}, {512, 128},
-                                         {640, 128}, {768, 128}, {896, 128}, {1024, 128}};
+    // the tile-group's bytes in the order the kernel reads them: the head, then the 32 step
+    // vectors one by one, so that a's and b's step sit side by side and one 512-bit load holds
+    // both (no insert: a cache-resident 1-row product -9%, from memory -4%). (Q6_K keeps
+    // 128-byte segments: its 2 x 144-byte head would leave every such load across two lines.)
+    static constexpr int SEGS = 33;
+    static constexpr auto SEG = [] {
+        std::array<std::array<int, 2>, SEGS> seg{};
+        seg[0] = {0, 128};
+        for (int i = 1; i < SEGS; i++) seg[i] = {128 + 32 * (i - 1), 32};
+        return seg;
+    }();
     // R8Q4_K::head's steps on both heads at once (a's bytes 0..127, b's 128..255): the rows'
     // scale bytes transposed in 512-bit registers, not two 256-bit heads joined lane by lane
     static void head(const uint8_t *pg, R16Group &u) {
@@ -1310,8 +1318,7 @@ struct Pair<R8Q4_K> {
     static inline void steps(const uint8_t *pg, int j, __m512i (&w)[8]) {
         const __m512i low4 = _mm512_set1_epi8(15);
         for (int t = 0; t < 4; t++) {
-            const uint8_t *at = pg + 256 + 256 * j + 32 * t;
-            const __m512i v4 = cat(ld(at), ld(at + 128));
+            const __m512i v4 = _mm512_loadu_si512(pg + 256 + 256 * j + 64 * t);
             w[t] = _mm512_and_si512(v4, low4);
             w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v4, 4), low4);
         }
