@@ -616,53 +616,79 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
                 memcpy(kc + dst, knew + src, D * sizeof(float));
                 memcpy(vc + dst, vnew + src, D * sizeof(float));
             }
-    const long group = H / KVH, D8 = D & ~7L;
-    const long items = B * T * H;
-#pragma omp parallel num_threads(nt)
-    {
-        float *p = (float *)malloc(sizeof(float) * (S > 0 ? S : 1));
-        float *acc = (float *)malloc(sizeof(float) * (D + 8));
-#pragma omp for schedule(dynamic, 1)
-        for (long it = 0; it < items; it++) {
-            const long b = it / (T * H), t = (it / H) % T, h = it % H, g = h / group;
-            const float *qv = q + ((b * T + t) * H + h) * D;
-            const float *kb = kc + (rows[b] * KVH + g) * S * D;
-            const float *vb = vc + (rows[b] * KVH + g) * S * D;
-            const uint8_t *mrow = mask ? mask + (b * T + t) * MS : 0;
-            const long tt = t < nnew[b] ? t : nnew[b] - 1;
-            const long send = mask ? MS : start[b] + tt + 1;
-            float mx = -INFINITY;
-            for (long s = 0; s < send; s++) {
-                if (mrow && !mrow[s]) continue;
-                const float *kv = kb + s * D;
-                __m256 a = _mm256_setzero_ps();
-                for (long d = 0; d < D8; d += 8)
-                    a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(kv + d), a);
-                float sc = hsum8(a);
-                for (long d = D8; d < D; d++) sc += qv[d] * kv[d];
-                sc *= scale;
-                p[s] = sc;
-                if (sc > mx) mx = sc;
-            }
-            float sum = 0.0f;
-            for (long d = 0; d < D; d++) acc[d] = 0.0f;
-            for (long s = 0; s < send; s++) {
-                if (mrow && !mrow[s]) continue;
-                const float e = expf(p[s] - mx);
-                sum += e;
-                const float *vv = vb + s * D;
-                const __m256 ev = _mm256_set1_ps(e);
-                for (long d = 0; d < D8; d += 8)
-                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + d),
-                                                              _mm256_loadu_ps(acc + d)));
-                for (long d = D8; d < D; d++) acc[d] += e * vv[d];
-            }
-            float *o = out + ((b * T + t) * H + h) * D;
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            for (long d = 0; d < D; d++) o[d] = acc[d] * inv;
+    // An item is up to TC query tokens of one batch entry times the hp heads that share a KV
+    // head (all `group` of them unless that leaves a thread idle): each K and V row is read
+    // once for all of them, not once per token and head (a 2048-token context: the target's
+    // 1-token pass -15%, the draft's -22%). Each (token, head) does the one-head loop's
+    // arithmetic in the same order: the same bits.
+    constexpr long TC = 16;
+    const long group = H / KVH, D8 = D & ~7L, chunks = (T + TC - 1) / TC;
+    long hp = group;
+    while (hp % 2 == 0 && B * chunks * (H / hp) < nt) hp /= 2;
+    const long items = B * chunks * (H / hp);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (long it = 0; it < items; it++) {
+        const long b = it / (chunks * (H / hp)), c = it / (H / hp) % chunks;
+        const long h0 = it % (H / hp) * hp, g = h0 / group;
+        const long t0 = c * TC, nq = (T - t0 < TC ? T - t0 : TC), nr = nq * hp;  // rows: (t, j)
+        const float *kb = kc + (rows[b] * KVH + g) * S * D;
+        const float *vb = vc + (rows[b] * KVH + g) * S * D;
+        long send[TC], smax = 0;  // slots query t0 + i may see: s < send[i] (and the mask's)
+        for (long i = 0; i < nq; i++) {
+            const long t = t0 + i, tt = t < nnew[b] ? t : nnew[b] - 1;
+            send[i] = mask ? MS : start[b] + tt + 1;
+            smax = send[i] > smax ? send[i] : smax;
         }
+        float *p = (float *)malloc(sizeof(float) * (nr * (smax > 0 ? smax : 1) + nr * (D + 10)));
+        float *acc = p + nr * (smax > 0 ? smax : 1), *mx = acc + nr * (D + 8), *sum = mx + nr;
+        for (long r = 0; r < nr; r++) mx[r] = -INFINITY;
+        for (long s = 0; s < smax; s++) {
+            const float *kv = kb + s * D;
+            for (long i = 0; i < nq; i++) {
+                if (s >= send[i] || (mask && !mask[(b * T + t0 + i) * MS + s])) continue;
+                for (long j = 0; j < hp; j++) {
+                    const float *qv = q + ((b * T + t0 + i) * H + h0 + j) * D;
+                    const long r = i * hp + j;
+                    __m256 a = _mm256_setzero_ps();
+                    for (long d = 0; d < D8; d += 8)
+                        a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(kv + d), a);
+                    float sc = hsum8(a);
+                    for (long d = D8; d < D; d++) sc += qv[d] * kv[d];
+                    sc *= scale;
+                    p[r * smax + s] = sc;
+                    if (sc > mx[r]) mx[r] = sc;
+                }
+            }
+        }
+        for (long r = 0; r < nr; r++) {
+            sum[r] = 0.0f;
+            for (long d = 0; d < D; d++) acc[r * (D + 8) + d] = 0.0f;
+        }
+        for (long s = 0; s < smax; s++) {
+            const float *vv = vb + s * D;
+            for (long i = 0; i < nq; i++) {
+                if (s >= send[i] || (mask && !mask[(b * T + t0 + i) * MS + s])) continue;
+                for (long j = 0; j < hp; j++) {
+                    const long r = i * hp + j;
+                    const float e = expf(p[r * smax + s] - mx[r]);
+                    sum[r] += e;
+                    float *ar = acc + r * (D + 8);
+                    const __m256 ev = _mm256_set1_ps(e);
+                    for (long d = 0; d < D8; d += 8)
+                        _mm256_storeu_ps(ar + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + d),
+                                                                 _mm256_loadu_ps(ar + d)));
+                    for (long d = D8; d < D; d++) ar[d] += e * vv[d];
+                }
+            }
+        }
+        for (long i = 0; i < nq; i++)
+            for (long j = 0; j < hp; j++) {
+                const long r = i * hp + j;
+                float *o = out + ((b * T + t0 + i) * H + h0 + j) * D;
+                const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
+                for (long d = 0; d < D; d++) o[d] = acc[r * (D + 8) + d] * inv;
+            }
         free(p);
-        free(acc);
     }
 }
 
