@@ -176,3 +176,81 @@ def test_each_build_exports_only_its_c_api():
         built += 1
     if not built:
         pytest.skip("no kernel build runs on this CPU")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 24])
+def test_attention_bits_do_not_depend_on_the_pass(head_dim):
+    """Our attention groups a pass's query tokens (16 at a time) and the heads that share a KV
+    head, and walks the cache in blocks of 64 slots, four slots' dot products side by side.
+    A query's output must still be the same bits whether it is decoded alone, inside a
+    20-token pass (two groups of tokens), next to another sequence, or under an explicit mask
+    equal to the causal one (the masked path scores one slot at a time); and close to torch."""
+    if kernels.library() is None:
+        pytest.skip(f"our CPU kernels are not in use here: {kernels.status()}")
+    torch.manual_seed(3)
+    n_heads, n_kv, ctx, new, slots = 6, 2, 150, 20, 192
+    scale = head_dim**-0.5
+    q = torch.randn(2, new, n_heads, head_dim)
+    k = torch.randn(2, ctx + new, n_kv, head_dim)
+    v = torch.randn(2, ctx + new, n_kv, head_dim)
+
+    def cache():  # rows 0, 1 hold the two sequences' first ctx keys and values
+        kc, vc = torch.zeros(2, n_kv, slots, head_dim), torch.zeros(2, n_kv, slots, head_dim)
+        kc[:, :, :ctx] = k[:, :ctx].transpose(1, 2)
+        vc[:, :, :ctx] = v[:, :ctx].transpose(1, 2)
+        return kc, vc
+
+    def run(b, t0, t1, mask=False, both=False):
+        kc, vc = cache()
+        bs = [0, 1] if both else [b]
+        m = None
+        if mask:
+            m = torch.zeros(len(bs), t1 - t0, ctx + t1, dtype=torch.bool)
+            for i in range(t1 - t0):
+                m[:, i, : ctx + t0 + i + 1] = True
+        if t0 > 0:  # the earlier new tokens enter the cache first, as a decode would leave them
+            ops.attend(
+                q[bs, :t0],
+                k[bs, ctx : ctx + t0],
+                v[bs, ctx : ctx + t0],
+                kc,
+                vc,
+                torch.tensor(bs),
+                torch.full((len(bs),), ctx),
+                torch.full((len(bs),), t0),
+                None,
+                scale,
+            )
+        out = ops.attend(
+            q[bs, t0:t1],
+            k[bs, ctx + t0 : ctx + t1],
+            v[bs, ctx + t0 : ctx + t1],
+            kc,
+            vc,
+            torch.tensor(bs),
+            torch.full((len(bs),), ctx + t0),
+            torch.full((len(bs),), t1 - t0),
+            m,
+            scale,
+        )
+        return out[bs.index(b)]
+
+    whole = run(1, 0, new)  # one 20-token pass
+    for t in (0, 7, 16, 19):
+        assert torch.equal(run(1, t, t + 1)[0], whole[t]), t  # decoded alone
+    assert torch.equal(run(1, 0, new, both=True), whole)  # beside another sequence
+    assert torch.equal(run(1, 0, new, mask=True), whole)  # the masked path
+    kc, vc = cache()
+    ref = ops._attend_torch(
+        q[1:],
+        k[1:, ctx:],
+        v[1:, ctx:],
+        kc[1:2].clone(),
+        vc[1:2].clone(),
+        torch.tensor([0]),
+        torch.tensor([ctx]),
+        torch.tensor([new]),
+        None,
+        scale,
+    )
+    torch.testing.assert_close(whole, ref[0], atol=1e-5, rtol=1e-5)

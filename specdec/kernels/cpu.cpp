@@ -601,6 +601,88 @@ static void rope_rows(float *x, const int64_t *pos, const float *cos_t, const fl
 }
 
 // ---- attention over the KV cache, with the new keys/values appended first ------------------
+constexpr long SB = 64;  // KV slots per block
+
+// one query row's scores for slots s0 .. se-1 (mask: skip where 0): p[s] = scale * q.k_s, mx
+// their running max. Each dot is one 8-lane FMA chain over d, then hsum8, then the tail; four
+// slots' chains run side by side (one chain alone waits on the FMA latency), same bits.
+static inline void scores(const float *qv, const float *kb, long D, long s0, long se,
+                          const uint8_t *mrow, float scale, float *p, float &mx) {
+    const long D8 = D & ~7L;
+    auto one = [&](long s) {
+        const float *kv = kb + s * D;
+        __m256 a = _mm256_setzero_ps();
+        for (long d = 0; d < D8; d += 8)
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(kv + d), a);
+        float sc = hsum8(a);
+        for (long d = D8; d < D; d++) sc += qv[d] * kv[d];
+        return sc * scale;
+    };
+    long s = s0;
+    if (!mrow && D8 == D)
+        for (; s + 4 <= se; s += 4) {
+            const float *k0 = kb + s * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long d = 0; d < D; d += 8) {
+                const __m256 x = _mm256_loadu_ps(qv + d);
+                a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + D + d), a1);
+                a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+                a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+            }
+            const float sc[4] = {hsum8(a0) * scale, hsum8(a1) * scale, hsum8(a2) * scale,
+                                 hsum8(a3) * scale};
+            for (int u = 0; u < 4; u++) {
+                p[s + u] = sc[u];
+                mx = sc[u] > mx ? sc[u] : mx;
+            }
+        }
+    for (; s < se; s++) {
+        if (mrow && !mrow[s]) continue;
+        const float sc = one(s);
+        p[s] = sc;
+        mx = sc > mx ? sc : mx;
+    }
+}
+
+// acc += e_s * v_s and sum += e_s (e_s = exp(p[s] - mx)) over slots s0 .. se-1 in order; with
+// NV = D / 8 known the accumulator stays in registers across the block
+template <int NV>
+static inline void weigh(const float *p, float mx, const float *vb, long D, long s0, long se,
+                         const uint8_t *mrow, float &sum, float *acc) {
+    if constexpr (NV > 0) {
+        float e[SB];  // the exps first: a call inside the FMA loop would spill the accumulator
+        for (long s = s0; s < se; s++) {
+            if (mrow && !mrow[s]) continue;
+            e[s - s0] = expf(p[s] - mx);
+            sum += e[s - s0];
+        }
+        __m256 a[NV];
+        for (int v = 0; v < NV; v++) a[v] = _mm256_loadu_ps(acc + 8 * v);
+        for (long s = s0; s < se; s++) {
+            if (mrow && !mrow[s]) continue;
+            const float *vv = vb + s * D;
+            const __m256 ev = _mm256_set1_ps(e[s - s0]);
+            for (int v = 0; v < NV; v++)
+                a[v] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + 8 * v), a[v]);
+        }
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(acc + 8 * v, a[v]);
+    } else {
+        const long D8 = D & ~7L;
+        for (long s = s0; s < se; s++) {
+            if (mrow && !mrow[s]) continue;
+            const float e = expf(p[s] - mx);
+            sum += e;
+            const float *vv = vb + s * D;
+            const __m256 ev = _mm256_set1_ps(e);
+            for (long d = 0; d < D8; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + d),
+                                                          _mm256_loadu_ps(acc + d)));
+            for (long d = D8; d < D; d++) acc[d] += e * vv[d];
+        }
+    }
+}
+
 // q: [B,T,H,D]; knew/vnew: [B,T,KVH,D]; caches: [R,KVH,S,D]; rows/start/nnew: [B].
 // Query t of batch entry b sees cache slots s <= start[b] + min(t, nnew[b]-1) (causal over
 // slots), or, with a mask [B,T,MS] (MS <= S), exactly the slots where mask is nonzero.
@@ -622,7 +704,7 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
     // 1-token pass -15%, the draft's -22%). Each (token, head) does the one-head loop's
     // arithmetic in the same order: the same bits.
     constexpr long TC = 16;
-    const long group = H / KVH, D8 = D & ~7L, chunks = (T + TC - 1) / TC;
+    const long group = H / KVH, chunks = (T + TC - 1) / TC;
     long hp = group;
     while (hp % 2 == 0 && B * chunks * (H / hp) < nt) hp /= 2;
     const long items = B * chunks * (H / hp);
@@ -641,43 +723,38 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
         }
         float *p = (float *)malloc(sizeof(float) * (nr * (smax > 0 ? smax : 1) + nr * (D + 10)));
         float *acc = p + nr * (smax > 0 ? smax : 1), *mx = acc + nr * (D + 8), *sum = mx + nr;
-        for (long r = 0; r < nr; r++) mx[r] = -INFINITY;
-        for (long s = 0; s < smax; s++) {
-            const float *kv = kb + s * D;
-            for (long i = 0; i < nq; i++) {
-                if (s >= send[i] || (mask && !mask[(b * T + t0 + i) * MS + s])) continue;
-                for (long j = 0; j < hp; j++) {
-                    const float *qv = q + ((b * T + t0 + i) * H + h0 + j) * D;
-                    const long r = i * hp + j;
-                    __m256 a = _mm256_setzero_ps();
-                    for (long d = 0; d < D8; d += 8)
-                        a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(kv + d), a);
-                    float sc = hsum8(a);
-                    for (long d = D8; d < D; d++) sc += qv[d] * kv[d];
-                    sc *= scale;
-                    p[r * smax + s] = sc;
-                    if (sc > mx[r]) mx[r] = sc;
-                }
-            }
-        }
         for (long r = 0; r < nr; r++) {
+            mx[r] = -INFINITY;
             sum[r] = 0.0f;
             for (long d = 0; d < D; d++) acc[r * (D + 8) + d] = 0.0f;
         }
-        for (long s = 0; s < smax; s++) {
-            const float *vv = vb + s * D;
+        // slot blocks of SB (their K and V rows stay in L1 while every row uses them)
+        for (long s0 = 0; s0 < smax; s0 += SB) {
+            const long s1 = s0 + SB < smax ? s0 + SB : smax;
             for (long i = 0; i < nq; i++) {
-                if (s >= send[i] || (mask && !mask[(b * T + t0 + i) * MS + s])) continue;
+                const uint8_t *mrow = mask ? mask + (b * T + t0 + i) * MS : nullptr;
+                const long se = send[i] < s1 ? send[i] : s1;
                 for (long j = 0; j < hp; j++) {
                     const long r = i * hp + j;
-                    const float e = expf(p[r * smax + s] - mx[r]);
-                    sum[r] += e;
+                    scores(q + ((b * T + t0 + i) * H + h0 + j) * D, kb, D, s0, se, mrow, scale,
+                           p + r * smax, mx[r]);
+                }
+            }
+        }
+        for (long s0 = 0; s0 < smax; s0 += SB) {
+            const long s1 = s0 + SB < smax ? s0 + SB : smax;
+            for (long i = 0; i < nq; i++) {
+                const uint8_t *mrow = mask ? mask + (b * T + t0 + i) * MS : nullptr;
+                const long se = send[i] < s1 ? send[i] : s1;
+                for (long j = 0; j < hp; j++) {
+                    const long r = i * hp + j;
                     float *ar = acc + r * (D + 8);
-                    const __m256 ev = _mm256_set1_ps(e);
-                    for (long d = 0; d < D8; d += 8)
-                        _mm256_storeu_ps(ar + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(vv + d),
-                                                                 _mm256_loadu_ps(ar + d)));
-                    for (long d = D8; d < D; d++) ar[d] += e * vv[d];
+                    if (D == 128)
+                        weigh<16>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
+                    else if (D == 64)
+                        weigh<8>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
+                    else
+                        weigh<0>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
                 }
             }
         }
