@@ -2,11 +2,14 @@
 
 Cost model (Leviathan et al., 2023): with per-token acceptance rate alpha, a round that drafts K
 tokens yields E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs
-K * t_draft + t_verify(tokens in the pass) + t_other. We measure t_draft per drafted position,
-t_verify as a function of the number of tokens in the target pass (interpolated between the
-sizes seen so far), and alpha per sequence (a running estimate with a prior), then take the K
-in 0..k_max with the best total E / cost for the batch. K = 0 is a plain AR round: where
-speculation does not pay (a weak drafter on prose) the controller stops drafting. Every
+t_draft(K) + t_verify(tokens in the pass) + t_other. We measure t_draft by the K drafted (a draft
+model's is K times a step; SSD's is the target's wait for a worker whose tree grows with K, and
+whose one core falls behind past some K, so not linear), t_verify as a function of the number
+of tokens in the target pass (both interpolated between the sizes seen so far, K times the
+mean cost per drafted position where no size is known), and alpha per sequence (a running
+estimate with a prior), then take the K in 0..k_max with the best total E / cost for the batch.
+K = 0 is a plain AR round: where speculation does not pay (a weak drafter on prose) the
+controller stops drafting. Every
 ``probe_every`` rounds it tries a neighbour of its choice instead (K = 1 from 0; otherwise one
 up, then one down): the pass sizes it never picks would otherwise keep whatever cost they
 showed once, and acceptance may have changed. While K = 0 stays the choice, the wait between
@@ -44,6 +47,23 @@ def _nondecreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return [(t, f) for (t, _), f in zip(points, fitted)]
 
 
+def _interpolate(table: dict, x: int) -> float | None:
+    """A cost at size x from running estimates by size: the nondecreasing fit of the sizes seen,
+    linear between them and beyond them (flat if only one size was seen, as in memory-bound
+    passes); None if none was."""
+    known = _nondecreasing(sorted((t, e.value) for t, e in table.items() if e.value is not None))
+    if not known:
+        return None
+    if len(known) == 1:
+        return known[0][1]
+    for (t0, v0), (t1, v1) in zip(known, known[1:]):
+        if t0 <= x <= t1:
+            return v0 + (v1 - v0) * (x - t0) / (t1 - t0)
+    (t0, v0), (t1, v1) = (known[0], known[1]) if x < known[0][0] else known[-2:]
+    slope = max(0.0, (v1 - v0) / (t1 - t0))
+    return max(1e-6, v1 + slope * (x - t1)) if x > t1 else max(1e-6, v0)
+
+
 @dataclass
 class _Ema:
     """A running estimate: the plain mean of the first samples (so that one slow first pass,
@@ -79,6 +99,7 @@ class SpeculationController:
         self.explore = [min(max(k, self.k_min), self.k_max) for k in explore]
         self.probe_every = probe_every
         self.t_draft = _Ema()  # seconds per drafted position (batch of the round)
+        self.t_draft_by_k: dict[int, _Ema] = {}  # a round's drafting seconds by its K
         self.t_other = _Ema()
         self.t_verify: dict[int, _Ema] = {}  # target pass time by tokens in the pass
         self.rounds = 0
@@ -98,22 +119,18 @@ class SpeculationController:
         self.t_verify.setdefault(tokens, _Ema()).add(verify_s)
         if k > 0:
             self.t_draft.add(draft_s / k)
+            self.t_draft_by_k.setdefault(k, _Ema()).add(draft_s)
         self.t_other.add(other_s)
 
     def verify_time(self, tokens: int) -> float | None:
-        known = _nondecreasing(
-            sorted((t, e.value) for t, e in self.t_verify.items() if e.value is not None)
-        )
-        if not known:
-            return None
-        if len(known) == 1:  # one size seen: assume a flat cost, as in memory-bound passes
-            return known[0][1]
-        for (t0, v0), (t1, v1) in zip(known, known[1:]):
-            if t0 <= tokens <= t1:
-                return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
-        (t0, v0), (t1, v1) = (known[0], known[1]) if tokens < known[0][0] else known[-2:]
-        slope = max(0.0, (v1 - v0) / (t1 - t0))
-        return max(1e-6, v1 + slope * (tokens - t1)) if tokens > t1 else max(1e-6, v0)
+        return _interpolate(self.t_verify, tokens)
+
+    def draft_time(self, k: int) -> float:
+        """Drafting seconds of a round with K = k: from the K seen, else K per-position means."""
+        if k == 0:
+            return 0.0
+        fitted = _interpolate(self.t_draft_by_k, k)
+        return k * (self.t_draft.value or 0.0) if fitted is None else fitted
 
     # -- the choice --------------------------------------------------------------------------
     def choose_k(self, seqs: list[Sequence]) -> int:
@@ -127,14 +144,13 @@ class SpeculationController:
             self.last_choice = {"k": self.explore[self.rounds]}
             return self.explore[self.rounds]
         alphas = [self.alpha(s) for s in seqs]
-        t_d = self.t_draft.value or 0.0
         t_o = self.t_other.value or 0.0
         best_k, best_rate, rates = 0, -1.0, {}
         for k in range(self.k_min, self.k_max + 1):
             cost = self.verify_time(len(seqs) * (k + 1))
             if cost is None:
                 continue
-            cost += k * t_d + t_o
+            cost += self.draft_time(k) + t_o
             rate = sum(expected_tokens(a, k) for a in alphas) / cost
             rates[k] = rate
             if rate > best_rate:

@@ -101,3 +101,26 @@ def test_controller_probes_the_neighbours_of_its_choice():
         k = ctl.choose_k([seq])
         ctl.observe_round(1, k, 0.01 * k, 0.1 + 0.001 * k, 0.001)
     assert ctl.choose_k([seq]) >= 5
+
+
+def test_drafting_cost_is_measured_per_k():
+    """SSD's drafting cost is the target's wait for the worker, which stays small while the
+    worker's tree keeps up and grows fast past that K: a mean cost per drafted position would
+    make K = 2 look as dear as two K = 1 rounds' worth of the long trees. Measured per K, the
+    choice is the best true rate (here K = 2; the per-position mean picks K = 1)."""
+    waits = {1: 0.002, 2: 0.004, 4: 0.06, 8: 0.2}
+    ctl = SpeculationController(k_max=8)
+    for k in (0, 1, 2, 4, 8):
+        ctl.observe_round(1, k, waits.get(k, 0.0), 0.03 + 0.004 * k, 0.001)
+    seq = simulated_seq(0.75, 4, 4000)
+    alpha = ctl.alpha(seq)
+
+    def rate(k, draft):
+        return expected_tokens(alpha, k) / (0.03 + 0.004 * k + draft + 0.001)
+
+    per_k = {k: ctl.draft_time(k) for k in range(9)}
+    assert per_k[2] == pytest.approx(0.004) and per_k[3] == pytest.approx(0.032)
+    best = max(range(9), key=lambda k: rate(k, per_k[k]))
+    mean = sum(w / k for k, w in waits.items()) / len(waits)
+    assert best == 2 and max(range(9), key=lambda k: rate(k, k * mean)) == 1
+    assert ctl.choose_k([seq]) == 2
