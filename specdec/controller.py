@@ -4,13 +4,15 @@ Cost model (Leviathan et al., 2023): with per-token acceptance rate alpha, a rou
 tokens yields E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs
 t_draft(K) + t_verify(tokens in the pass) + t_other. We measure t_draft by the K drafted (a draft
 model's is K times a step; SSD's is the target's wait for a worker whose tree grows with K, and
-whose one core falls behind past some K, so not linear), t_verify as a function of the number
-of tokens in the target pass (both interpolated between the sizes seen so far, K times the
-mean cost per drafted position where no size is known), and alpha per sequence (a running
-estimate with a prior), then take the K in 0..k_max with the best total E / cost for the batch.
-K = 0 is a plain AR round: where speculation does not pay (a weak drafter on prose) the
-controller stops drafting. Every
-``probe_every`` rounds it tries a neighbour of its choice instead (K = 1 from 0; otherwise one
+whose one core falls behind past some K, so not linear) after the first rounds' exploration
+(there each K follows a different one, and a K = 1 round after a K = 0 round waited 52 ms for
+the worker to catch up: that one sample had kept K = 1 and 2 looking dear for good), t_verify
+as a function of the number of tokens in the target pass (both interpolated between the sizes
+seen so far; beyond them t_draft grows by the mean cost per drafted position, and below the
+smallest K seen in proportion to K), and alpha per sequence (a running estimate with a prior),
+then take the K in 0..k_max with the best total E / cost for the batch. K = 0 is a plain AR
+round: where speculation does not pay (a weak drafter on prose) the controller stops drafting.
+Every ``probe_every`` rounds it tries a neighbour of its choice instead (K = 1 from 0; otherwise one
 up, then one down): the pass sizes it never picks would otherwise keep whatever cost they
 showed once, and acceptance may have changed. While K = 0 stays the choice, the wait between
 probes doubles (up to 16x): a probe from K = 0 costs more than its round, because the drafter
@@ -119,18 +121,31 @@ class SpeculationController:
         self.t_verify.setdefault(tokens, _Ema()).add(verify_s)
         if k > 0:
             self.t_draft.add(draft_s / k)
-            self.t_draft_by_k.setdefault(k, _Ema()).add(draft_s)
+            if self.rounds > len(self.explore):  # past the exploration's changes of K
+                # weight 0.1: SSD's wait is ~1 ms on a hit, 50-90 ms on a miss; an average
+                # over ~10 rounds, not the last two or three
+                self.t_draft_by_k.setdefault(k, _Ema(weight=0.1)).add(draft_s)
         self.t_other.add(other_s)
 
     def verify_time(self, tokens: int) -> float | None:
         return _interpolate(self.t_verify, tokens)
 
     def draft_time(self, k: int) -> float:
-        """Drafting seconds of a round with K = k: from the K seen, else K per-position means."""
+        """Drafting seconds of a round with K = k, from the rounds of the K seen."""
         if k == 0:
             return 0.0
-        fitted = _interpolate(self.t_draft_by_k, k)
-        return k * (self.t_draft.value or 0.0) if fitted is None else fitted
+        per_position = self.t_draft.value or 0.0
+        known = _nondecreasing(
+            sorted((t, e.value) for t, e in self.t_draft_by_k.items() if e.value is not None)
+        )
+        if not known:
+            return k * per_position
+        (k_lo, v_lo), (k_hi, v_hi) = known[0], known[-1]
+        if k < k_lo:
+            return v_lo * k / k_lo
+        if k > k_hi:
+            return v_hi + (k - k_hi) * per_position
+        return _interpolate(self.t_draft_by_k, k)
 
     # -- the choice --------------------------------------------------------------------------
     def choose_k(self, seqs: list[Sequence]) -> int:

@@ -106,12 +106,16 @@ def test_controller_probes_the_neighbours_of_its_choice():
 def test_drafting_cost_is_measured_per_k():
     """SSD's drafting cost is the target's wait for the worker, which stays small while the
     worker's tree keeps up and grows fast past that K: a mean cost per drafted position would
-    make K = 2 look as dear as two K = 1 rounds' worth of the long trees. Measured per K, the
-    choice is the best true rate (here K = 2; the per-position mean picks K = 1)."""
+    make K = 2 look as dear as two K = 1 rounds' worth of the long trees. Measured per K after
+    the exploration (whose rounds each follow another K: their waits are ignored), the choice
+    is the best true rate (here K = 2; the per-position mean picks K = 1)."""
     waits = {1: 0.002, 2: 0.004, 4: 0.06, 8: 0.2}
     ctl = SpeculationController(k_max=8)
+    for k in ctl.explore:  # the exploration's rounds: each K after another, not its own cost
+        ctl.observe_round(1, k, 0.1, 0.03 + 0.004 * k, 0.001)
     for k in (0, 1, 2, 4, 8):
-        ctl.observe_round(1, k, waits.get(k, 0.0), 0.03 + 0.004 * k, 0.001)
+        for _ in range(3):
+            ctl.observe_round(1, k, waits.get(k, 0.0), 0.03 + 0.004 * k, 0.001)
     seq = simulated_seq(0.75, 4, 4000)
     alpha = ctl.alpha(seq)
 
@@ -123,4 +127,10 @@ def test_drafting_cost_is_measured_per_k():
     best = max(range(9), key=lambda k: rate(k, per_k[k]))
     mean = sum(w / k for k, w in waits.items()) / len(waits)
     assert best == 2 and max(range(9), key=lambda k: rate(k, k * mean)) == 1
+    # beyond the K seen: the per-position mean added; below: in proportion to K
+    ctl2 = SpeculationController(k_max=8, explore=())
+    for k in (2, 2, 2):
+        ctl2.observe_round(1, k, 0.02, 0.03, 0.001)
+    assert ctl2.draft_time(1) == pytest.approx(0.01)
+    assert ctl2.draft_time(3) == pytest.approx(0.02 + ctl2.t_draft.value)
     assert ctl.choose_k([seq]) == 2
