@@ -728,36 +728,31 @@ static void attention(const float *q, const float *knew, const float *vnew, floa
             sum[r] = 0.0f;
             for (long d = 0; d < D; d++) acc[r * (D + 8) + d] = 0.0f;
         }
-        // slot blocks of SB (their K and V rows stay in L1 while every row uses them)
-        for (long s0 = 0; s0 < smax; s0 += SB) {
-            const long s1 = s0 + SB < smax ? s0 + SB : smax;
-            for (long i = 0; i < nq; i++) {
-                const uint8_t *mrow = mask ? mask + (b * T + t0 + i) * MS : nullptr;
-                const long se = send[i] < s1 ? send[i] : s1;
-                for (long j = 0; j < hp; j++) {
-                    const long r = i * hp + j;
-                    scores(q + ((b * T + t0 + i) * H + h0 + j) * D, kb, D, s0, se, mrow, scale,
-                           p + r * smax, mx[r]);
+        // fn(row r = (i, j), first slot, end slot, mask row) for every row, slot block by slot
+        // block of SB (the block's K and V rows stay in L1 while every row uses them)
+        auto by_block = [&](auto &&fn) {
+            for (long s0 = 0; s0 < smax; s0 += SB) {
+                const long s1 = s0 + SB < smax ? s0 + SB : smax;
+                for (long i = 0; i < nq; i++) {
+                    const uint8_t *mrow = mask ? mask + (b * T + t0 + i) * MS : nullptr;
+                    const long se = send[i] < s1 ? send[i] : s1;
+                    for (long j = 0; j < hp; j++) fn(i * hp + j, s0, se, mrow);
                 }
             }
-        }
-        for (long s0 = 0; s0 < smax; s0 += SB) {
-            const long s1 = s0 + SB < smax ? s0 + SB : smax;
-            for (long i = 0; i < nq; i++) {
-                const uint8_t *mrow = mask ? mask + (b * T + t0 + i) * MS : nullptr;
-                const long se = send[i] < s1 ? send[i] : s1;
-                for (long j = 0; j < hp; j++) {
-                    const long r = i * hp + j;
-                    float *ar = acc + r * (D + 8);
-                    if (D == 128)
-                        weigh<16>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
-                    else if (D == 64)
-                        weigh<8>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
-                    else
-                        weigh<0>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
-                }
-            }
-        }
+        };
+        by_block([&](long r, long s0, long se, const uint8_t *mrow) {
+            const float *qv = q + ((b * T + t0 + r / hp) * H + h0 + r % hp) * D;
+            scores(qv, kb, D, s0, se, mrow, scale, p + r * smax, mx[r]);
+        });
+        by_block([&](long r, long s0, long se, const uint8_t *mrow) {
+            float *ar = acc + r * (D + 8);
+            if (D == 128)
+                weigh<16>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
+            else if (D == 64)
+                weigh<8>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
+            else
+                weigh<0>(p + r * smax, mx[r], vb, D, s0, se, mrow, sum[r], ar);
+        });
         for (long i = 0; i < nq; i++)
             for (long j = 0; j < hp; j++) {
                 const long r = i * hp + j;
