@@ -49,11 +49,14 @@ def _nondecreasing(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return [(t, f) for (t, _), f in zip(points, fitted)]
 
 
-def _interpolate(table: dict, x: int) -> float | None:
-    """A cost at size x from running estimates by size: the nondecreasing fit of the sizes seen,
-    linear between them and beyond them (flat if only one size was seen, as in memory-bound
-    passes); None if none was."""
-    known = _nondecreasing(sorted((t, e.value) for t, e in table.items() if e.value is not None))
+def _fitted(table: dict) -> list[tuple[int, float]]:
+    """The nondecreasing fit of running estimates by size, for the sizes seen."""
+    return _nondecreasing(sorted((t, e.value) for t, e in table.items() if e.value is not None))
+
+
+def _interpolate(known: list[tuple[int, float]], x: int) -> float | None:
+    """A cost at size x from a fit (``_fitted``): linear between the sizes seen and beyond them
+    (flat if only one size was seen, as in memory-bound passes); None if none was."""
     if not known:
         return None
     if len(known) == 1:
@@ -128,16 +131,14 @@ class SpeculationController:
         self.t_other.add(other_s)
 
     def verify_time(self, tokens: int) -> float | None:
-        return _interpolate(self.t_verify, tokens)
+        return _interpolate(_fitted(self.t_verify), tokens)
 
     def draft_time(self, k: int) -> float:
         """Drafting seconds of a round with K = k, from the rounds of the K seen."""
         if k == 0:
             return 0.0
         per_position = self.t_draft.value or 0.0
-        known = _nondecreasing(
-            sorted((t, e.value) for t, e in self.t_draft_by_k.items() if e.value is not None)
-        )
+        known = _fitted(self.t_draft_by_k)
         if not known:
             return k * per_position
         (k_lo, v_lo), (k_hi, v_hi) = known[0], known[-1]
@@ -145,7 +146,7 @@ class SpeculationController:
             return v_lo * k / k_lo
         if k > k_hi:
             return v_hi + (k - k_hi) * per_position
-        return _interpolate(self.t_draft_by_k, k)
+        return _interpolate(known, k)
 
     # -- the choice --------------------------------------------------------------------------
     def choose_k(self, seqs: list[Sequence]) -> int:

@@ -1263,6 +1263,11 @@ static inline __m256i cat(const uint8_t *a, const uint8_t *b) {  // 16 bytes at 
 static inline void dp_bcast(__m512i &S, __m512i w, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
 }
+static inline void store_pair(const Job &j, __m512 y16, long m, long n0) {  // as store_tile
+    alignas(64) float y[16];
+    _mm512_store_ps(y, y16);
+    store_rows(j, y, 16, m, n0);
+}
 struct R16Group {  // R8Group's fields a type reads, tile a's lanes then tile b's
     __m512 d, dmin, scf[8], mn[8];
     __m512i sc32[16], sc2[8];
@@ -1460,11 +1465,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
             }
         }
     }
-    for (long m = 0; m < mc; m++) {
-        alignas(64) float y[16];
-        _mm512_store_ps(y, _mm512_add_ps(A[m], B[m]));
-        store_rows(j, y, 16, m0 + m, n0);
-    }
+    for (long m = 0; m < mc; m++) store_pair(j, _mm512_add_ps(A[m], B[m]), m0 + m, n0);
 }
 // tile_rows_b for a pair of 32-block tiles (Q5_0): pair-group b is block b of both
 template <class T, int MC>
@@ -1486,11 +1487,7 @@ static inline __attribute__((always_inline)) void pair_rows_b(const Job &j, cons
             Pair<T>::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
         }
     }
-    for (long m = 0; m < mc; m++) {
-        alignas(64) float y[16];
-        _mm512_store_ps(y, A[m]);
-        store_rows(j, y, 16, m0 + m, n0);
-    }
+    for (long m = 0; m < mc; m++) store_pair(j, A[m], m0 + m, n0);
 }
 template <class T, int M>
 static void exact_pair_rows(const Job &j, const uint8_t *ta, long n0, long m0) {
