@@ -187,6 +187,12 @@ def outcome(w: DraftWorker, sid: str, accepted: int, token: int, backup: bool):
     return w.outcome(Outcome(depth=3, backup=backup, seqs=[OutcomeSeq(sid, accepted, token)]))
 
 
+def speculations(w: DraftWorker, sid: str) -> dict[tuple[int, int], list[int]]:
+    """The tokens of every speculation the worker holds for ``sid``, by outcome."""
+    specs = w.seqs[sid].specs
+    return {key: specs.lookup(*key).tokens for key in specs.outcomes()}
+
+
 def test_rejected_token_never_hits_and_known_outcomes_hit(local_worker):
     w = local_worker
     prefill(w, "a", [3, 4, 5, 6])
@@ -252,6 +258,62 @@ def test_trunk_reusing_held_drafts_equals_a_fresh_trunk(local_worker, hit):
     fresh = {key: w.seqs["b"].specs.lookup(*key).tokens for key in w.seqs["b"].specs.outcomes()}
     assert held == fresh and len(held) == sum(fan)
     w.release(Release(["a", "b"]))
+
+
+class OutcomeAfter:
+    """In the worker's place of its inbox: the outcome "arrives" once the draft model has run
+    ``passes`` forward passes (counted from the round's start), for a tree cut at a known
+    step instead of at a time that depends on the machine."""
+
+    def __init__(self, worker: DraftWorker, monkeypatch, passes: int):
+        self.passes, self.done = passes, 0
+        forward = worker.model.forward
+
+        def counted(*args, **kwargs):
+            self.done += 1
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(worker.model, "forward", counted)
+        monkeypatch.setattr(worker, "inbox", self)
+
+    def arrived(self) -> bool:
+        return self.done >= self.passes
+
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+def test_tree_stops_when_the_outcome_arrives(tiny_dirs, monkeypatch, passes):
+    """The tree is anytime: an outcome that arrives during the trunk pass leaves no tree (the
+    backup drafts the one speculation needed), one that arrives during tree step s leaves
+    speculations of s + 1 tokens, the first of the full ones; a hit on a cut tree keeps its
+    drafts ahead correctly (the next round's speculations equal a fresh worker's)."""
+    prompt, trunk, fan = [3, 4, 5, 6], [7, 8, 9, 10], [2, 2, 1, 1]
+    full = DraftWorker(worker_config(str(tiny_dirs["v16_draft"])))
+    prefill(full, "a", prompt)
+    round_(full, "a", 4, trunk, fan)
+    want = speculations(full, "a")
+
+    w = DraftWorker(worker_config(str(tiny_dirs["v16_draft"])))
+    prefill(w, "a", prompt)
+    OutcomeAfter(w, monkeypatch, passes)  # the trunk is pass 1, the tree's steps 2, 3, ...
+    round_(w, "a", 4, trunk, fan)
+    got = speculations(w, "a")
+    if passes == 1:
+        assert got == {}
+    else:
+        assert got.keys() == want.keys()
+        assert all(got[key] == want[key][: passes - 1] for key in want)
+    k, tok = next(iter(want))
+    reply = outcome(w, "a", k, tok, backup=True)
+    assert reply.hits == [passes > 1]
+    spec = reply.specs[0].tokens
+    assert spec == want[(k, tok)][: len(spec)] and len(spec) == (3 if passes == 1 else passes - 1)
+    monkeypatch.setattr(w, "inbox", None)
+    start = len(prompt) + 1 + k
+    round_(w, "a", start, [tok] + spec, fan)
+    held = speculations(w, "a")
+    prefill(full, "b", prompt + trunk[: k + 1])
+    round_(full, "b", start, [tok] + spec, fan)
+    assert held == speculations(full, "b") and len(held) == sum(fan[: len(spec) + 1])
 
 
 def test_fanout_plans():

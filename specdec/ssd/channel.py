@@ -10,6 +10,8 @@ timeout, and a closed or silent peer raises ChannelError instead of hanging.
 from __future__ import annotations
 
 import pickle
+import queue
+import threading
 from datetime import timedelta
 
 import torch
@@ -72,3 +74,35 @@ class Channel:
         except RuntimeError as exc:
             raise ChannelError(f"receive failed: {exc}") from exc
         return Message.from_wire(pickle.loads(payload.numpy().tobytes()))
+
+
+class Inbox:
+    """The worker's receiving side: a thread takes each message off the channel as soon as it
+    arrives, so that the worker can ask, between two passes of its drafting, whether the
+    target has sent something (``arrived``: the round's outcome, which makes the rest of the
+    tree useless) without blocking. A broken channel reaches ``get`` as ChannelError."""
+
+    def __init__(self, channel: Channel, stop_type: type):
+        self._messages: queue.Queue = queue.Queue()
+        self._stop_type = stop_type
+        threading.Thread(target=self._receive, args=(channel,), daemon=True).start()
+
+    def _receive(self, channel: Channel) -> None:
+        while True:
+            try:
+                msg = channel.recv()
+            except ChannelError as exc:
+                self._messages.put(exc)
+                return
+            self._messages.put(msg)
+            if isinstance(msg, self._stop_type):
+                return
+
+    def arrived(self) -> bool:
+        return not self._messages.empty()
+
+    def get(self) -> Message:
+        item = self._messages.get()
+        if isinstance(item, ChannelError):
+            raise item
+        return item

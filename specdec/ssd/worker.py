@@ -6,6 +6,10 @@ not need. While the target verifies a round, the worker runs the round's trunk, 
 likely outcomes' next tokens, and drafts a speculation for each, all branches at once in the
 sequence's own row (``tree.py``). When the outcome comes, it returns the cached speculation
 (a hit) or drafts one just in time (a miss, if asked to).
+
+The tree is drafted "anytime": the worker stops it as soon as the outcome has arrived (one
+step deeper would make the target wait for the whole tree's pass), so a speculation holds as
+many tokens as the verify pass left time for, at most K.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from specdec.platform import pin_cpu_cores
 from specdec.processors import TokenVocabulary, build_processors
 from specdec.sampling import sample
 from specdec.ssd.cache import Speculation
-from specdec.ssd.channel import Channel, ChannelError
+from specdec.ssd.channel import Channel, ChannelError, Inbox
 from specdec.ssd.protocol import (
     Draft,
     Drafts,
@@ -118,6 +122,7 @@ class DraftWorker:
         self.cache = self.model.new_cache(cfg.max_rows, cfg.max_len + self.tree_slack)
         self.seqs: dict[str, SequenceState] = {}
         self.busy_s = 0.0
+        self.inbox: Inbox | None = None  # set by serve; None: nothing can stop the tree early
         self._tokenizer = None  # loaded for the first request with a grammar constraint
 
     def _vocabulary(self, params) -> TokenVocabulary:
@@ -334,6 +339,9 @@ class DraftWorker:
             tops[i] += self._tops(rows, self._n_tops, [states[i]] * n, at)
         return tops
 
+    def _outcome_arrived(self) -> bool:
+        return self.inbox is not None and self.inbox.arrived()
+
     def _draft_tree(
         self,
         states: list[SequenceState],
@@ -342,7 +350,7 @@ class DraftWorker:
         depth: int,
     ) -> None:
         live = [i for i, lay in enumerate(layouts) if lay.width]
-        if not live:
+        if not live or self._outcome_arrived():  # too late: the backup drafts the one needed
             return
         states = [states[i] for i in live]
         layouts = [layouts[i] for i in live]
@@ -377,7 +385,8 @@ class DraftWorker:
         def advance(tokens: torch.Tensor, step: int) -> torch.Tensor:
             return self._tree_pass(tokens, rows, layouts, step + 1)
 
-        draft_tokens(self._tree_pass(step_tokens(roots), rows, layouts, 0), depth, draw, advance)
+        first = self._tree_pass(step_tokens(roots), rows, layouts, 0)
+        depth = len(draft_tokens(first, depth, draw, advance, stop=self._outcome_arrived))
         for st, lay, branch_roots, branches in zip(states, layouts, roots, drafted):
             for j, (k, root) in enumerate(zip(lay.branch_k, branch_roots)):
                 st.specs.store(k, root, branches[j].speculation())
@@ -480,6 +489,7 @@ class DraftWorker:
 
     # -- the loop ----------------------------------------------------------------------------
     def serve(self, channel: Channel) -> None:
+        self.inbox = Inbox(channel, Stop)
         handlers = {
             Prefill: self.prefill,
             Round: self.round,
@@ -489,7 +499,7 @@ class DraftWorker:
             Resize: self.resize,
         }
         while True:
-            msg = channel.recv()
+            msg = self.inbox.get()
             if isinstance(msg, Stop):
                 return
             t = time.perf_counter()
