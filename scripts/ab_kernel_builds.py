@@ -73,6 +73,7 @@ def products(libs: dict, rounds: int) -> None:
         "Q4_K 4096x1536, cached": (random_weight(Q.Q4_K, 4096, 1536), 35),
         "Q6_K 1536x8960, cached": (random_weight(Q.Q6_K, 1536, 8960), 20),
         "Q5_0 4864x896, cached": (random_weight(Q.Q5_0, 4864, 896), 40),
+        "Q4_0 4864x896, cached": (random_weight(Q.Q4_0, 4864, 896), 40),
         "Q4_K 143360x1536, from memory": (random_weight(Q.Q4_K, 143360, 1536), 1),
     }
     for title, (w, calls) in mats.items():

@@ -12,7 +12,7 @@
 // R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
 // extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
 // on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30). The VNNI build
-// stores Q4_K, Q6_K and Q5_0 tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
+// stores all four types' tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -1388,23 +1388,26 @@ struct Pair<R8Q6_K> {
         T = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(ef[j]), T);
     }
 };
-template <>
-struct Pair<R8Q5_0> {  // a pair-group is block b of both tiles: 16 weight rows x 32 k
-    static constexpr int SEGS = 3;  // d, the low 4 bits, the fifth bits
-    static constexpr int SEG[SEGS][2] = {{0, 16}, {16, 128}, {144, 32}};
+template <class B>
+struct Pair<R8B32<B>> {  // a pair-group is block b of both tiles: 16 weight rows x 32 k
+    typedef R8B32<B> T;
+    static constexpr int SEGS = T::FIFTH ? 3 : 2;  // d, the low 4 bits, Q5_0's fifth bits
+    static constexpr int SEG[3][2] = {{0, 16}, {16, 128}, {144, 32}};
     static inline void steps(const uint8_t *pg, __m512i (&w)[8]) {
-        const __m512i low4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(16);
+        const __m512i low4 = _mm512_set1_epi8(15);
         for (int t = 0; t < 4; t++) {
             const __m512i v4 = cat(ld(pg + 32 + 32 * t), ld(pg + 160 + 32 * t));
             w[t] = _mm512_and_si512(v4, low4);
             w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v4, 4), low4);
         }
-        const __m512i h = cat(ld(pg + 288), ld(pg + 320));
-        const __m512i hs[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
-                               _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1),
-                               h,                       _mm512_srli_epi16(h, 1),
-                               _mm512_srli_epi16(h, 2), _mm512_srli_epi16(h, 3)};
-        for (int s = 0; s < 8; s++) w[s] = _mm512_or_si512(w[s], _mm512_and_si512(hs[s], b4));
+        if constexpr (T::FIFTH) {
+            const __m512i b4 = _mm512_set1_epi8(16), h = cat(ld(pg + 288), ld(pg + 320));
+            const __m512i hs[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
+                                   _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1),
+                                   h,                       _mm512_srli_epi16(h, 1),
+                                   _mm512_srli_epi16(h, 2), _mm512_srli_epi16(h, 3)};
+            for (int s = 0; s < 8; s++) w[s] = _mm512_or_si512(w[s], _mm512_and_si512(hs[s], b4));
+        }
     }
     static inline __m512 d(const uint8_t *pg) { return _mm512_cvtph_ps(cat(pg, pg + 16)); }
     static inline void dot(const __m512i (&w)[8], const int8_t *xq, int32_t sum, float dx,
@@ -1412,7 +1415,7 @@ struct Pair<R8Q5_0> {  // a pair-group is block b of both tiles: 16 weight rows 
         __m512i S2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
         __m512i S = _mm512_add_epi32(S2[0], S2[1]);
-        S = _mm512_sub_epi32(S, _mm512_set1_epi32(R8Q5_0::OFF * sum));
+        S = _mm512_sub_epi32(S, _mm512_set1_epi32(T::OFF * sum));
         A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A);
     }
 };
@@ -1422,6 +1425,8 @@ template <>
 constexpr bool PAIRS<R8Q4_K> = true;
 template <>
 constexpr bool PAIRS<R8Q5_0> = true;
+template <>
+constexpr bool PAIRS<R8Q4_0> = true;
 template <>
 constexpr bool PAIRS<R8Q6_K> = true;
 
@@ -1467,7 +1472,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
     }
     for (long m = 0; m < mc; m++) store_pair(j, _mm512_add_ps(A[m], B[m]), m0 + m, n0);
 }
-// tile_rows_b for a pair of 32-block tiles (Q5_0): pair-group b is block b of both
+// tile_rows_b for a pair of 32-block tiles (Q5_0, Q4_0): pair-group b is block b of both
 template <class T, int MC>
 static inline __attribute__((always_inline)) void pair_rows_b(const Job &j, const uint8_t *ta,
                                                               long n0, long m0, long mc) {
