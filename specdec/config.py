@@ -128,7 +128,7 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 # folder in bf16 where our kernels or the hardware handle it; exact: a GGUF file natively with
 # fp32 activations, an HF folder in fp32; a dtype name: weights in that dtype (GGUF dequantized)
 DTYPES = ("auto", "exact", *TORCH_DTYPES)
-DRAFT_QUANTIZATIONS = ("auto", "none", "int8", "int4")
+DRAFT_QUANTIZATIONS = ("auto", "none", "int8", "int4", "q4_0")
 FANOUTS = ("geometric", "uniform", "pipeline")
 BACKUPS = ("auto", "neural", "fast")
 KV_BUDGET = 0.25  # fraction of RAM the KV caches may take
@@ -171,8 +171,8 @@ class DraftConfig:
 
     quantization: str = option(
         "auto",
-        "drafter matrices: 'auto' (a GGUF draft as its file holds it, other weights int4 on "
-        "our CPU kernels, as loaded elsewhere), 'none', 'int8', 'int4'",
+        "drafter matrices: 'auto' (on our CPU kernels a GGUF draft's wider matrices become "
+        "Q4_0, other weights int4; as loaded elsewhere), 'none', 'int8', 'int4', 'q4_0'",
         DRAFT_QUANTIZATIONS,
         keyword="draft_quantization",
     )

@@ -77,6 +77,24 @@ def test_dequantize_is_gguf_bitwise(kernels_on, name):
     assert torch.equal(gk.dequantize_rows(w, rows), dense[rows].float())
 
 
+def test_q4_0_quantization_is_gguf_bitwise(kernels_on):
+    """Re-quantizing to Q4_0 (a drafter's matrices) rounds as gguf.quants.quantize does, bit for
+    bit: blocks of every scale, an all-zero block, ties between +max and -max (the first
+    wins), and values landing exactly between two levels."""
+    torch.manual_seed(3)
+    x = torch.randn(64, 256) * torch.logspace(-6, 2, 64)[:, None]
+    x[1] = 0.0
+    x[2, :32] = 0.25
+    x[2, 7] = -0.25  # |max| tie: the first (+0.25) sets the sign of d
+    x[3, :32] = torch.arange(-16, 16) / 2.0  # many x / d + 8.5 landing on exact .0 / .5
+    x[4, :32] = torch.linspace(-1, 1, 32)
+    got = gk.quantize_q4_0(x)
+    want = gguf.quants.quantize(x.numpy(), Q["Q4_0"])
+    assert got.shape == want.shape and np.array_equal(got.numpy(), want)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gk.quantize_q4_0(torch.zeros(2, 40))
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_linear_matches_float64_in_both_x_modes(kernels_on, name):
     """Exact mode: fp32 x times the exact weights. int8_x: the product of x's int8 rounding,

@@ -392,6 +392,38 @@ def test_int4_drafter_is_requantized_from_the_files_values(files):
     assert head.weight.dtype == torch.uint8 and head.out_features == len(keep)
 
 
+def test_q4_0_drafter_is_requantized_from_the_files_values(tmp_path):
+    """A GGUF draft's matrices wider than 4.5 bits a weight (Q5_0, Q6_K, Q8_0, fused q|k|v of
+    mixed types) become exactly gguf's Q4_0 of the file's values, the restricted head too
+    (its rows past the last full tile in a part of their own); Q4_K stays as the file holds it."""
+    from specdec.drafters.draft_model import load_draft_model
+    from specdec.quantize import float_weight
+
+    types = {**Q4_K_M, "attn_q": T.Q5_0, "attn_k": T.Q5_0, "attn_v": T.Q8_0}
+    types |= {"ffn_gate": T.Q5_0, "ffn_up": T.Q5_0, "ffn_down": T.Q6_K, "attn_output": T.Q4_K}
+    types |= {"token_embd": T.Q8_0, "output": T.Q8_0}
+    path = write_gguf(tmp_path / "d.gguf", "llama", types)
+    keep = torch.tensor([0, 2, 5, 9, 11, 17, 33, 40, 63])  # 9 rows: a tile and one row
+    exact = Transformer.from_path(path, "auto", head_ids=keep)
+    draft = load_draft_model(path, "auto", "cpu", "q4_0", keep)
+
+    def as_q4_0(lw):
+        return torch.from_numpy(
+            dequantize(quantize(float_weight(lw).weight.numpy(), T.Q4_0), T.Q4_0)
+        )
+
+    for name in ("qkv", "gate_up", "down"):
+        got, ref = draft.w["layers"][0][name], exact.w["layers"][0][name]
+        assert got.weight.qtype == gguf_kernels.TILED[int(T.Q4_0)], name
+        assert torch.equal(gguf_kernels.dequantize(got.weight), as_q4_0(ref)), name
+    assert draft.w["layers"][0]["o"] is not exact.w["layers"][0]["o"]  # loaded separately
+    assert draft.w["layers"][0]["o"].weight.qtype == exact.w["layers"][0]["o"].weight.qtype
+    head = draft.w["lm_head"]
+    assert [p.weight.out_features for p in head.parts] == [8, 1]
+    got = torch.cat([gguf_kernels.dequantize(p.weight) for p in head.parts])
+    assert torch.equal(got, as_q4_0(exact.w["lm_head"]))
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -407,7 +439,8 @@ def test_greedy_sd_equals_ar(files, home, dtype, draft):
     sd = LLM(str(files["llama"]), method="sd", draft_model=str(files[draft]), dtype=dtype,
              num_speculative_tokens=3)  # fmt: skip
     assert sd.decoder.drafter.model.native
-    assert sd.draft.quantization is None or dtype == "exact"  # auto: the file's own blocks
+    if dtype == "auto":  # the file's blocks, those wider than 4.5 bits re-quantized to Q4_0
+        assert sd.draft.quantization == ("q4_0" if kernels.library() is not None else None)
     assert [o.token_ids for o in sd.generate(prompts, params)] == want
     assert len(want[0]) == 10 and len(set(want[0])) > 1
 
@@ -525,14 +558,17 @@ def test_dtype_policy():
 
 
 def test_draft_quantization_policy():
-    """'auto': a natively loaded GGUF draft keeps its file's blocks (tiles where our kernels
-    run), other drafts become int4 on our kernels; elsewhere the draft stays as loaded."""
+    """'auto': on our kernels a natively loaded GGUF draft's wider matrices become Q4_0, other
+    drafts int4; elsewhere the draft stays as loaded."""
     from specdec import ops
     from specdec.llm import resolve_draft_quantization
 
     cpu = torch.device("cpu")
-    assert resolve_draft_quantization("auto", cpu, native_gguf=True) is None
-    assert resolve_draft_quantization("auto", cpu) == ("int4" if ops.use_kernels(cpu) else None)
+    kernels = ops.use_kernels(cpu)
+    assert resolve_draft_quantization("auto", cpu, native_gguf=True) == (
+        "q4_0" if kernels else None
+    )
+    assert resolve_draft_quantization("auto", cpu) == ("int4" if kernels else None)
     assert resolve_draft_quantization("auto", torch.device("cuda")) is None
     assert resolve_draft_quantization("int4", cpu, native_gguf=True) == "int4"
     assert resolve_draft_quantization("none", cpu) is None

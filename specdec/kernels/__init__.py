@@ -68,6 +68,7 @@ _SIGNATURES = {
     "gguf_linear_parts": [_I, _P, _P, _P, _P, _P, _P, _L, _L, _L, _I, _I],
     "gguf_dequantize": [_I, _P, _P, _L, _L, _L, _P, _I],
     "gguf_repack": [_I, _P, _L, _L, _I],
+    "gguf_quantize_q4_0": [_P, _L, _P, _I],
     # layers, L, kcs, vcs, x, B, T, Dm, HQ, HK, D, I, pos, cos, sin, rows, start, nnew, mask,
     # MS, S, scale, eps, threads
     "decoder_layers": [_P, _L, _P, _P, _P, *[_L] * 7, *[_P] * 7, _L, _L, _F, _F, _I],
@@ -77,6 +78,7 @@ _RESTYPES = {
     "gguf_linear_parts": _I,
     "gguf_dequantize": _I,
     "gguf_repack": _I,
+    "gguf_quantize_q4_0": _I,
     "decoder_layers": _I,
 }  # the others return nothing
 OPTIONAL = {"linear_i4q"}  # present in some builds only

@@ -813,6 +813,29 @@ int gguf_dequantize(int qtype, const uint8_t *w, const int64_t *ids, long R, lon
                ? 0
                : -1;
 }
+// fp32 values, nb blocks of 32, as Q4_0 blocks (18 bytes: fp16 d, 16 bytes of nibbles), bit for
+// bit as ggml's reference quantize_row_q4_0 and gguf.quants: d = (the block's value of largest
+// magnitude, its first) / -8, q = min(15, trunc(x / d + 8.5)) with x / d as x * (1 / d)
+int gguf_quantize_q4_0(const float *x, long nb, uint8_t *out, int nt) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (long b = 0; b < nb; b++) {
+        const float *v = x + 32 * b;
+        uint8_t *o = out + 18 * b;
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(v[i]) > amax) amax = fabsf(v[i]), max = v[i];
+        const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(o, &h, 2);
+        auto q = [&](float x) {
+            volatile float scaled = x * id;  // rounded before the add, as the reference: no FMA
+            const int i = (int)(scaled + 8.5f);
+            return (uint8_t)(i < 15 ? i : 15);
+        };
+        for (int i = 0; i < 16; i++) o[2 + i] = (uint8_t)(q(v[i]) | q(v[16 + i]) << 4);
+    }
+    return 0;
+}
 // the file's Q4_K / Q6_K rows [N, K] rearranged in place into 8-row tiles (gguf_kernels.h):
 // the tiled type's code, or -1 (another type, N not a multiple of 8)
 int gguf_repack(int qtype, uint8_t *w, long N, long K, int nt) {

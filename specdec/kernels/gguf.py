@@ -102,7 +102,7 @@ def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
     one instruction multiplies 4 k of all 8 rows by one x row: products of several x rows (a
     verify pass) cost far less than with the file's row-by-row layout, and one x row no more.
     The same bytes, so the same memory; ``in_place`` rearranges ``w.data`` itself (the loader's
-    copy of the file). The AVX-512 VNNI build interleaves Q4_K, Q6_K and Q5_0 tiles in pairs
+    copy of the file). The AVX-512 VNNI build interleaves the tiles of all four types in pairs
     (16 rows per 512-bit instruction), so tiles are read only by the build that made them.
     Tiles multiply with int8 x only (``linear(..., int8_x=True)``)."""
     lib = kernels.library()
@@ -245,6 +245,21 @@ def _dequantize_rows_torch(w: PackedWeight, rows: torch.Tensor | None) -> torch.
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(
         -1, w.in_features
     )
+
+
+def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
+    """fp32 rows [R, K] (K a multiple of 32) as Q4_0 rows [R, K / 32 * 18] (uint8), bit for bit
+    as ``gguf.quants.quantize`` (ggml's reference rounding)."""
+    if x.dim() != 2 or x.shape[1] % 32:
+        raise ValueError(f"Q4_0 needs rows of a multiple of 32 values, got {tuple(x.shape)}")
+    x = x.float().contiguous()
+    lib = kernels.library()
+    if lib is None:
+        q = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_0)
+        return torch.from_numpy(np.ascontiguousarray(q))
+    out = torch.empty(x.shape[0], x.shape[1] // 32 * 18, dtype=torch.uint8)
+    lib.gguf_quantize_q4_0(_ptr(x), x.numel() // 32, _ptr(out), _threads())
+    return out
 
 
 def dequantize_rows(w: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
