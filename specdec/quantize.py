@@ -14,6 +14,7 @@ import gguf
 import torch
 import torch.nn.functional as F
 
+from specdec.hugepages import ALIGN, Arena
 from specdec.kernels import gguf as gguf_kernels
 from specdec.model import Transformer
 from specdec.ops import (
@@ -92,18 +93,37 @@ def _bits_per_weight(w) -> float:
     return 8 * w.element_size()
 
 
-def quantize_q4_0(lw: LinearWeight | FusedWeight) -> LinearWeight | FusedWeight:
-    """GGUF Q4_0 from the matrix's exact values (an fp16 step per 32 inputs, 4.5 bits a
-    weight; ggml's rounding), in our kernels' tiles, with int8 activations. A matrix already
-    stored in as few bits (Q4_K, Q4_0, ...) or whose inputs are not a multiple of 32 stays."""
+def _in_features(lw: LinearWeight) -> int | None:
+    """None for int4 (its rows are padded)."""
+    w = lw.weight
+    if isinstance(w, gguf_kernels.PackedWeight):
+        return w.in_features
+    return None if w.dtype == torch.uint8 else w.shape[1]
+
+
+def _wider_than_q4_0(lw: LinearWeight | FusedWeight) -> bool:
+    """Whether Q4_0 holds the matrix in fewer bits (and can: inputs a multiple of 32)."""
     parts = lw.parts if isinstance(lw, FusedWeight) else [lw]
-    if all(p.scale is None and _bits_per_weight(p.weight) <= 4.5 for p in parts):
+    k = _in_features(parts[0])
+    if k is None or k % 32:
+        return False
+    return any(p.scale is not None or _bits_per_weight(p.weight) > 4.5 for p in parts)
+
+
+def _take(arena: Arena | None, nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8) if arena is None else arena.take(nbytes)
+
+
+def quantize_q4_0(lw: LinearWeight | FusedWeight, arena: Arena | None = None):
+    """GGUF Q4_0 from the matrix's exact values (an fp16 step per 32 inputs, 4.5 bits a
+    weight; ggml's rounding), in our kernels' tiles (in ``arena`` if given), with int8
+    activations. A matrix already in as few bits (Q4_K, Q4_0, ...) stays as it is."""
+    if not _wider_than_q4_0(lw):
         return lw
     exact = float_weight(lw)
     n, k = exact.weight.shape
-    if k % 32:
-        return lw
-    rows = gguf_kernels.quantize_q4_0(exact.weight)
+    rows = _take(arena, n * (k // 32 * 18)).view(n, -1)
+    gguf_kernels.quantize_q4_0(exact.weight, out=rows)
     q4_0 = int(gguf.GGMLQuantizationType.Q4_0)
 
     def part(r: torch.Tensor) -> LinearWeight:
@@ -118,16 +138,50 @@ def quantize_q4_0(lw: LinearWeight | FusedWeight) -> LinearWeight | FusedWeight:
     return out
 
 
+def _moved(lw: LinearWeight | FusedWeight, arena: Arena) -> LinearWeight | FusedWeight:
+    """The same matrix with its GGUF blocks copied into ``arena``."""
+    if isinstance(lw, FusedWeight):
+        return FusedWeight([_moved(p, arena) for p in lw.parts], lw.bias)
+    w = lw.weight
+    if not isinstance(w, gguf_kernels.PackedWeight):
+        return lw
+    data = arena.take(w.data.numel()).view(w.data.shape).copy_(w.data)
+    packed = gguf_kernels.PackedWeight(w.qtype, w.out_features, w.in_features, data)
+    return LinearWeight(packed, lw.bias, lw.scale, lw.int8_x)
+
+
 def quantize_model_q4_0(model: Transformer) -> None:
     """Every matrix of every layer wider than 4.5 bits a weight, and the output head, to Q4_0
     (embeddings stay as is). The default draft's file holds Q5_0, Q6_K and a Q8_0 head beside
     Q4_K: a step then streams 22% fewer bytes (278 -> 218 MB with the 32K head), and q|k|v,
-    Q5_0 with a Q8_0 v in half the layers, becomes one matrix."""
-    for layer in model.w["layers"]:
-        for name in ("qkv", "o", "gate_up", "down"):
-            layer[name] = quantize_q4_0(layer[name])
-    model.w["lm_head"] = quantize_q4_0(model.w["lm_head"])
+    Q5_0 with a Q8_0 v in half the layers, becomes one matrix. On a CPU the new matrices and
+    the ones kept go into a new arena of huge pages (``hugepages``), so the loaded one is
+    freed whole."""
+    names = ("qkv", "o", "gate_up", "down")
+    slots = [(layer, name) for layer in model.w["layers"] for name in names]
+    slots.append((model.w, "lm_head"))
+    arena = None
+    if model.device.type == "cpu":
+        sizes = []
+        for holder, name in slots:
+            lw = holder[name]
+            parts = lw.parts if isinstance(lw, FusedWeight) else [lw]
+            if _wider_than_q4_0(lw):
+                sizes += [lw.out_features * (_in_features(parts[0]) // 32 * 18), 2 * ALIGN]
+            else:
+                sizes += [p.weight.nbytes() + ALIGN for p in parts if _packed(p)]
+        arena = Arena(sum(sizes))
+    for holder, name in slots:
+        lw = holder[name]
+        if _wider_than_q4_0(lw):
+            holder[name] = quantize_q4_0(lw, arena)
+        elif arena is not None:
+            holder[name] = _moved(lw, arena)
     model.weights_changed()
+
+
+def _packed(lw: LinearWeight) -> bool:
+    return isinstance(lw.weight, gguf_kernels.PackedWeight)
 
 
 def restrict_head(model: Transformer, keep: torch.Tensor) -> None:

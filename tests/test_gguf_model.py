@@ -416,8 +416,8 @@ def test_q4_0_drafter_is_requantized_from_the_files_values(tmp_path):
         got, ref = draft.w["layers"][0][name], exact.w["layers"][0][name]
         assert got.weight.qtype == gguf_kernels.TILED[int(T.Q4_0)], name
         assert torch.equal(gguf_kernels.dequantize(got.weight), as_q4_0(ref)), name
-    assert draft.w["layers"][0]["o"] is not exact.w["layers"][0]["o"]  # loaded separately
-    assert draft.w["layers"][0]["o"].weight.qtype == exact.w["layers"][0]["o"].weight.qtype
+    kept, ref = draft.w["layers"][0]["o"].weight, exact.w["layers"][0]["o"].weight
+    assert kept.qtype == ref.qtype and torch.equal(kept.data, ref.data)  # moved, not changed
     head = draft.w["lm_head"]
     assert [p.weight.out_features for p in head.parts] == [8, 1]
     got = torch.cat([gguf_kernels.dequantize(p.weight) for p in head.parts])

@@ -247,17 +247,21 @@ def _dequantize_rows_torch(w: PackedWeight, rows: torch.Tensor | None) -> torch.
     )
 
 
-def quantize_q4_0(x: torch.Tensor) -> torch.Tensor:
-    """fp32 rows [R, K] (K a multiple of 32) as Q4_0 rows [R, K / 32 * 18] (uint8), bit for bit
-    as ``gguf.quants.quantize`` (ggml's reference rounding)."""
+def quantize_q4_0(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 rows [R, K] (K a multiple of 32) as Q4_0 rows [R, K / 32 * 18] (uint8, into
+    ``out`` if given), bit for bit as ``gguf.quants.quantize`` (ggml's reference rounding)."""
     if x.dim() != 2 or x.shape[1] % 32:
         raise ValueError(f"Q4_0 needs rows of a multiple of 32 values, got {tuple(x.shape)}")
+    shape = (x.shape[0], x.shape[1] // 32 * 18)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.uint8)
+    elif out.shape != shape or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous uint8 {shape}, got {tuple(out.shape)}")
     x = x.float().contiguous()
     lib = kernels.library()
     if lib is None:
         q = gguf.quants.quantize(x.numpy(), gguf.GGMLQuantizationType.Q4_0)
-        return torch.from_numpy(np.ascontiguousarray(q))
-    out = torch.empty(x.shape[0], x.shape[1] // 32 * 18, dtype=torch.uint8)
+        return out.copy_(torch.from_numpy(np.ascontiguousarray(q)))
     lib.gguf_quantize_q4_0(_ptr(x), x.numel() // 32, _ptr(out), _threads())
     return out
 
