@@ -328,17 +328,25 @@ class GGUFModel:
                 )
 
     # -- weights -------------------------------------------------------------------------------
-    def load_weights(self, mode, device: torch.device, head_ids: torch.Tensor | None = None):
+    def load_weights(
+        self,
+        mode,
+        device: torch.device,
+        head_ids: torch.Tensor | None = None,
+        requantize: str | None = None,
+    ):
         """Weights by role, laid out as ``weights.load_weights`` does (q|k|v and gate|up fused,
         norms and biases fp32). ``mode``: "native" (matrices in their own quantization, int8
         activations in products), "exact" (the same, exact fp32 activations), or a torch dtype
         (every matrix dequantized to it). ``head_ids``: output rows to keep (the rest of the
-        head is never read)."""
-        return _WeightBuilder(self, mode, device).build(head_ids)
+        head is never read). ``requantize="q4_0"`` (native modes on a CPU, for drafters):
+        matrices wider than 4.5 bits a weight become GGUF Q4_0 of their exact values as they
+        are read (``quantize.quantize_q4_0``'s rounding)."""
+        return _WeightBuilder(self, mode, device, requantize).build(head_ids)
 
 
 class _WeightBuilder:
-    def __init__(self, model: GGUFModel, mode, device: torch.device):
+    def __init__(self, model: GGUFModel, mode, device: torch.device, requantize=None):
         self.m = model
         self.cfg = model.config
         self.native = mode in ("native", "exact")
@@ -351,6 +359,10 @@ class _WeightBuilder:
         if self.native and device.type == "cpu":
             quantized = [t for t in model.tensors.values() if t.qtype not in DENSE]
             self.arena = Arena(sum(t.nbytes + ALIGN for t in quantized))
+        if requantize not in (None, "q4_0"):
+            raise ValueError(f"requantize must be None or 'q4_0', got {requantize!r}")
+        self.to_q4_0 = requantize == "q4_0" and self.arena is not None
+        self.scratch: dict[str, torch.Tensor] = {}
 
     # -- raw rows -----------------------------------------------------------------------------
     def _rows(self, name: str, select: torch.Tensor | None = None) -> tuple[T, torch.Tensor]:
@@ -405,15 +417,73 @@ class _WeightBuilder:
             return LinearWeight(w.to(self.device, self.dtype).contiguous(), bias)
         runs: list[list[str]] = []
         for n in names:
-            if runs and self.m.tensors[runs[-1][-1]].qtype == self.m.tensors[n].qtype:
+            if runs and self._kind(runs[-1][-1]) == self._kind(n):
                 runs[-1].append(n)
             else:
                 runs.append([n])
-        packed = [self._native(run, select, copy) for run in runs]
+        packed = []
+        for run in runs:
+            if self._kind(run[0]) == "q4_0" and copy:
+                packed += self._q4_0(run, select)
+            else:
+                packed.append(self._native(run, select, copy))
         if len(packed) == 1:
             packed[0].bias = bias
             return packed[0]
         return FusedWeight(packed, bias)
+
+    def _kind(self, name: str):
+        """What a matrix becomes: "q4_0" if re-quantized, else its own type."""
+        t = self.m.tensors[name]
+        block, size = GGML_QUANT_SIZES[t.qtype]
+        if self.to_q4_0 and 8 * size / block > 4.5 and t.shape[-1] % 32 == 0:
+            return "q4_0"
+        return t.qtype
+
+    def _q4_0(self, names: list[str], select) -> list[LinearWeight]:
+        """Matrices of any types, stacked along the output, re-quantized to Q4_0 straight into
+        the arena (tiles take 8 rows: a head's last rows are a part of their own). The file's
+        bytes and their values pass through two scratch buffers, reused: allocated anew for
+        each matrix, the C heap kept them all until the end (+0.5 GB at the peak)."""
+        k = self.m.tensors[names[0]].shape[-1]
+        counts = [len(select) if select is not None else self.m.tensors[n].shape[0] for n in names]
+        out = self.arena.take(sum(counts) * (k // 32 * 18)).view(sum(counts), -1)
+        chunk = max(8, (4 << 20) // k)  # rows dequantized at a time: 16 MB of fp32
+        at = 0
+        for name, n in zip(names, counts):
+            t = self.m.tensors[name]
+            if select is None and self._qk_permutation(name, n) is None:
+                rows = self._scratch("raw", t.nbytes, torch.uint8)
+                self.m.file.read_into(name, rows)  # never mapped (``hugepages``)
+                rows = rows.view(n, -1)
+            else:
+                rows = self._rows(name, select)[1]
+            for a in range(0, n, chunk):
+                b = min(n, a + chunk)
+                values = self._scratch("fp32", (b - a) * k, torch.float32).view(b - a, k)
+                if t.qtype in DENSE:
+                    values.copy_(rows[a:b].view(DENSE[t.qtype]))
+                else:  # the gguf reference values, bit for bit (our kernels' or gguf's own)
+                    w = gguf_kernels.pack(int(t.qtype), rows[a:b], b - a, k)
+                    gguf_kernels.dequantize(w, out=values)
+                gguf_kernels.quantize_q4_0(values, out=out[at + a : at + b])
+            at += n
+        q4_0, tiled = int(T.Q4_0), at // 8 * 8
+        bounds = [(0, tiled), (tiled, at)] if 0 < tiled < at else [(0, at)]
+        parts = []
+        for a, b in bounds:
+            w = gguf_kernels.pack(q4_0, out[a:b], b - a, k)
+            if self.int8_x:
+                w = gguf_kernels.repack(w, in_place=True)
+            parts.append(LinearWeight(w, int8_x=self.int8_x))
+        return parts
+
+    def _scratch(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """n elements of a buffer kept for the whole load (grown when too small)."""
+        buf = self.scratch.get(name)
+        if buf is None or buf.numel() < n:
+            self.scratch[name] = buf = torch.empty(n, dtype=dtype)
+        return buf[:n]
 
     def _native(self, names: list[str], select, copy: bool) -> LinearWeight:
         """Matrices of one type, stacked along the output, as one LinearWeight."""

@@ -84,10 +84,12 @@ class Transformer:
         dtype: str | torch.dtype = "auto",
         device: str = "cpu",
         head_ids: torch.Tensor | None = None,
+        requantize: str | None = None,
     ) -> Transformer:
         """Load an HF-format folder, a .gguf file, or a cache folder standing for one (see
         ``registry``). ``dtype``: see ``resolve_dtype``. ``head_ids`` (GGUF only): the output
-        rows to keep; the rest of the head is never read (``model.head_ids`` says if applied)."""
+        rows to keep; the rest of the head is never read (``model.head_ids`` says if applied).
+        ``requantize`` (GGUF only): see ``GGUFModel.load_weights``."""
         dev = torch.device(device)
         source = gguf_model.source_of(path)
         if source is None:
@@ -95,7 +97,7 @@ class Transformer:
             cfg = ModelConfig.from_json(path / "config.json")
             dt = resolve_dtype(dtype, dev)
             return cls(cfg, load_weights(path, cfg, dt, dev), dev, dt)
-        return cls.from_gguf(source, dtype, device, head_ids)
+        return cls.from_gguf(source, dtype, device, head_ids, requantize)
 
     @classmethod
     def from_gguf(
@@ -104,11 +106,13 @@ class Transformer:
         dtype: str | torch.dtype = "auto",
         device: str = "cpu",
         head_ids: torch.Tensor | None = None,
+        requantize: str | None = None,
     ) -> Transformer:
         dev = torch.device(device)
         mode = resolve_dtype(dtype, dev, gguf=True)
         file = gguf_model.GGUFModel(path)  # checks everything before reading any weight
-        model = cls(file.config, file.load_weights(mode, dev, head_ids), dev, mode)
+        weights = file.load_weights(mode, dev, head_ids, requantize)
+        model = cls(file.config, weights, dev, mode)
         model.head_ids = head_ids
         return model
 

@@ -160,6 +160,8 @@ def quantize_model_q4_0(model: Transformer) -> None:
     names = ("qkv", "o", "gate_up", "down")
     slots = [(layer, name) for layer in model.w["layers"] for name in names]
     slots.append((model.w, "lm_head"))
+    if not any(_wider_than_q4_0(holder[name]) for holder, name in slots):
+        return  # nothing to do (a GGUF draft re-quantized as it was read)
     arena = None
     if model.device.type == "cpu":
         sizes = []

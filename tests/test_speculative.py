@@ -109,6 +109,22 @@ def test_greedy_self_draft_accepts_everything(tiny_dirs, tiny_llm):
     assert m["target_forwards"] == 1 + 30 // 5  # prefill, then 5 tokens per pass
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4", "q4_0"])
+def test_greedy_sd_with_a_requantized_draft_equals_ar(tiny_dirs, tiny_llm, quant):
+    """Any cheaper drafter keeps greedy SD token-identical to AR; an HF draft asked for Q4_0
+    gets GGUF Q4_0 matrices (in our tiles where our kernels run)."""
+    from specdec.kernels import gguf as gk
+
+    llm = self_draft(tiny_dirs, 3, draft_quantization=quant)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["w3 w4", "w10 w11 w10"]
+    want = [o.token_ids for o in tiny_llm.generate(prompts, params)]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    if quant == "q4_0":
+        w = llm.decoder.drafter.model.w["layers"][0]["gate_up"].weight
+        assert isinstance(w, gk.PackedWeight) and gk.FILE_TYPE.get(w.qtype, w.qtype) == 2
+
+
 @pytest.mark.parametrize("which", ["sd_llm", "sd_k3_llm", "ngram_llm"])
 def test_batched_equals_single(request, which):
     llm = request.getfixturevalue(which)

@@ -15,6 +15,7 @@ from specdec.coupling import coupled_choice
 from specdec.decoders.base import pad_right
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.draft_loop import draft_tokens
+from specdec.gguf_model import source_of
 from specdec.kv_cache import KVCache
 from specdec.model import Transformer
 from specdec.platform import release_freed_memory
@@ -35,7 +36,10 @@ def load_draft_model(
     from specdec import quantize
 
     keep = None if head_ids is None else torch.as_tensor(head_ids, dtype=torch.int64)
-    draft = Transformer.from_path(path, dtype, device, head_ids=keep)
+    # a GGUF draft is re-quantized to Q4_0 as it is read (no second copy; the rest, below, then
+    # finds nothing left to do)
+    requantize = "q4_0" if quantization == "q4_0" and source_of(path) is not None else None
+    draft = Transformer.from_path(path, dtype, device, head_ids=keep, requantize=requantize)
     if quantization is not None:
         getattr(quantize, f"quantize_model_{quantization}")(draft)
         release_freed_memory()

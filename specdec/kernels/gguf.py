@@ -288,12 +288,18 @@ def dequantize_rows(w: PackedWeight, rows: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def dequantize(w: PackedWeight) -> torch.Tensor:
-    """The fp32 [out, in] matrix, bit for bit as ``gguf.quants.dequantize`` gives it."""
+def dequantize(w: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 [out, in] matrix (into ``out`` if given), bit for bit as
+    ``gguf.quants.dequantize`` gives it."""
+    shape = (w.out_features, w.in_features)
+    if out is not None and (out.shape != shape or out.dtype != torch.float32):
+        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
     lib = kernels.library()
     if lib is None:
-        return _dequantize_rows_torch(w, None)
-    out = torch.empty(w.out_features, w.in_features, dtype=torch.float32)
+        values = _dequantize_rows_torch(w, None)
+        return values if out is None else out.copy_(values)
+    if out is None or not out.is_contiguous():
+        out = torch.empty(shape, dtype=torch.float32)
     lib.gguf_dequantize(
         w.qtype,
         _ptr(w.data),
