@@ -36,7 +36,7 @@ def resolve_draft_quantization(
 ) -> str | None:
     """'auto': the cheapest drafter our CPU kernels run (exactness does not depend on it): a
     GGUF draft loaded natively has its matrices wider than 4.5 bits re-quantized to Q4_0 in
-    our tiles (the default draft: a step 8-17% cheaper for 1-4 tokens, acceptance ~1 point
+    our tiles (the default draft: a step 16-21% cheaper for 1-4 tokens, acceptance ~1 point
     lower, SD 1-13% faster in A/Bs on a Zen 4), other weights become int4; on other devices
     the draft model stays as loaded."""
     if quant == "auto":
