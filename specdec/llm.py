@@ -43,6 +43,11 @@ def resolve_draft_quantization(
         if not ops.use_kernels(device):
             return None
         return "q4_0" if native_gguf else "int4"
+    if quant == "q4_0" and device.type != "cpu":
+        raise ValueError(
+            f"draft_quantization='q4_0' runs on our CPU kernels only, not on {device.type}: "
+            "use 'auto', 'int8' or 'none'"
+        )
     return None if quant == "none" else quant
 
 

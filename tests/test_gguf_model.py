@@ -572,6 +572,9 @@ def test_draft_quantization_policy():
     assert resolve_draft_quantization("auto", torch.device("cuda")) is None
     assert resolve_draft_quantization("int4", cpu, native_gguf=True) == "int4"
     assert resolve_draft_quantization("none", cpu) is None
+    assert resolve_draft_quantization("q4_0", cpu) == "q4_0"
+    with pytest.raises(ValueError, match="'q4_0' runs on our CPU kernels only, not on cuda"):
+        resolve_draft_quantization("q4_0", torch.device("cuda"))
 
 
 def test_dequantized_on_torch_path(files, torch_ops):
