@@ -436,13 +436,14 @@ class _WeightBuilder:
         """What a matrix becomes: "q4_0" if re-quantized, else its own type."""
         t = self.m.tensors[name]
         block, size = GGML_QUANT_SIZES[t.qtype]
-        if self.to_q4_0 and 8 * size / block > 4.5 and t.shape[-1] % 32 == 0:
+        wide = 8 * size / block > gguf_kernels.Q4_0_BITS
+        if self.to_q4_0 and wide and t.shape[-1] % 32 == 0:
             return "q4_0"
         return t.qtype
 
     def _q4_0(self, names: list[str], select) -> list[LinearWeight]:
         """Matrices of any types, stacked along the output, re-quantized to Q4_0 straight into
-        the arena (tiles take 8 rows: a head's last rows are a part of their own). The file's
+        the arena (in tiles with int8 activations: ``pack_parts``). The file's
         bytes and their values pass through two scratch buffers, reused: allocated anew for
         each matrix, the C heap kept them all until the end (+0.5 GB at the peak)."""
         k = self.m.tensors[names[0]].shape[-1]
@@ -468,15 +469,8 @@ class _WeightBuilder:
                     gguf_kernels.dequantize(w, out=values)
                 gguf_kernels.quantize_q4_0(values, out=out[at + a : at + b])
             at += n
-        q4_0, tiled = int(T.Q4_0), at // 8 * 8
-        bounds = [(0, tiled), (tiled, at)] if 0 < tiled < at else [(0, at)]
-        parts = []
-        for a, b in bounds:
-            w = gguf_kernels.pack(q4_0, out[a:b], b - a, k)
-            if self.int8_x:
-                w = gguf_kernels.repack(w, in_place=True)
-            parts.append(LinearWeight(w, int8_x=self.int8_x))
-        return parts
+        parts = gguf_kernels.pack_parts(int(T.Q4_0), out, k, tiles=self.int8_x)
+        return [LinearWeight(w, int8_x=self.int8_x) for w in parts]
 
     def _scratch(self, name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
         """n elements of a buffer kept for the whole load (grown when too small)."""

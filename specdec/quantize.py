@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from specdec.hugepages import ALIGN, Arena
 from specdec.kernels import gguf as gguf_kernels
+from specdec.kernels.gguf import PackedWeight
 from specdec.model import Transformer
 from specdec.ops import (
     INT4_BLOCK,
@@ -33,7 +34,7 @@ def float_weight(lw: LinearWeight | FusedWeight) -> LinearWeight:
     if isinstance(lw, FusedWeight):
         parts = [float_weight(p).weight.float() for p in lw.parts]
         return LinearWeight(torch.cat(parts), lw.bias)
-    if isinstance(lw.weight, gguf_kernels.PackedWeight):
+    if isinstance(lw.weight, PackedWeight):
         return LinearWeight(gguf_kernels.dequantize(lw.weight), lw.bias)
     return lw
 
@@ -88,7 +89,7 @@ def quantize_model_int4(model: Transformer, int8_x: bool = True) -> None:
 
 
 def _bits_per_weight(w) -> float:
-    if isinstance(w, gguf_kernels.PackedWeight):
+    if isinstance(w, PackedWeight):
         return 8 * w.data.numel() / (w.out_features * w.in_features)
     return 8 * w.element_size()
 
@@ -96,7 +97,7 @@ def _bits_per_weight(w) -> float:
 def _in_features(lw: LinearWeight) -> int | None:
     """None for int4 (its rows are padded)."""
     w = lw.weight
-    if isinstance(w, gguf_kernels.PackedWeight):
+    if isinstance(w, PackedWeight):
         return w.in_features
     return None if w.dtype == torch.uint8 else w.shape[1]
 
@@ -107,7 +108,8 @@ def _wider_than_q4_0(lw: LinearWeight | FusedWeight) -> bool:
     k = _in_features(parts[0])
     if k is None or k % 32:
         return False
-    return any(p.scale is not None or _bits_per_weight(p.weight) > 4.5 for p in parts)
+    limit = gguf_kernels.Q4_0_BITS
+    return any(p.scale is not None or _bits_per_weight(p.weight) > limit for p in parts)
 
 
 def _take(arena: Arena | None, nbytes: int) -> torch.Tensor:
@@ -125,17 +127,11 @@ def quantize_q4_0(lw: LinearWeight | FusedWeight, arena: Arena | None = None):
     rows = _take(arena, n * (k // 32 * 18)).view(n, -1)
     gguf_kernels.quantize_q4_0(exact.weight, out=rows)
     q4_0 = int(gguf.GGMLQuantizationType.Q4_0)
-
-    def part(r: torch.Tensor) -> LinearWeight:
-        w = gguf_kernels.pack(q4_0, r, r.shape[0], k)
-        return LinearWeight(gguf_kernels.repack(w, in_place=True), int8_x=True)
-
-    tiled = n // 8 * 8  # tiles take 8 rows at a time: the rest (a head's special tokens) apart
-    if 0 < tiled < n:
-        return FusedWeight([part(rows[:tiled]), part(rows[tiled:])], exact.bias)
-    out = part(rows)
-    out.bias = exact.bias
-    return out
+    parts = [LinearWeight(w, int8_x=True) for w in gguf_kernels.pack_parts(q4_0, rows, k, True)]
+    if len(parts) > 1:
+        return FusedWeight(parts, exact.bias)
+    parts[0].bias = exact.bias
+    return parts[0]
 
 
 def _moved(lw: LinearWeight | FusedWeight, arena: Arena) -> LinearWeight | FusedWeight:
@@ -143,10 +139,10 @@ def _moved(lw: LinearWeight | FusedWeight, arena: Arena) -> LinearWeight | Fused
     if isinstance(lw, FusedWeight):
         return FusedWeight([_moved(p, arena) for p in lw.parts], lw.bias)
     w = lw.weight
-    if not isinstance(w, gguf_kernels.PackedWeight):
+    if not isinstance(w, PackedWeight):
         return lw
     data = arena.take(w.data.numel()).view(w.data.shape).copy_(w.data)
-    packed = gguf_kernels.PackedWeight(w.qtype, w.out_features, w.in_features, data)
+    packed = PackedWeight(w.qtype, w.out_features, w.in_features, data)
     return LinearWeight(packed, lw.bias, lw.scale, lw.int8_x)
 
 
@@ -160,30 +156,27 @@ def quantize_model_q4_0(model: Transformer) -> None:
     names = ("qkv", "o", "gate_up", "down")
     slots = [(layer, name) for layer in model.w["layers"] for name in names]
     slots.append((model.w, "lm_head"))
-    if not any(_wider_than_q4_0(holder[name]) for holder, name in slots):
+    wide = [_wider_than_q4_0(holder[name]) for holder, name in slots]
+    if not any(wide):
         return  # nothing to do (a GGUF draft re-quantized as it was read)
     arena = None
     if model.device.type == "cpu":
-        sizes = []
-        for holder, name in slots:
+        nbytes = 0
+        for (holder, name), to_q4_0 in zip(slots, wide):
             lw = holder[name]
             parts = lw.parts if isinstance(lw, FusedWeight) else [lw]
-            if _wider_than_q4_0(lw):
-                sizes += [lw.out_features * (_in_features(parts[0]) // 32 * 18), 2 * ALIGN]
+            if to_q4_0:
+                nbytes += lw.out_features * (_in_features(parts[0]) // 32 * 18) + 2 * ALIGN
             else:
-                sizes += [p.weight.nbytes() + ALIGN for p in parts if _packed(p)]
-        arena = Arena(sum(sizes))
-    for holder, name in slots:
-        lw = holder[name]
-        if _wider_than_q4_0(lw):
-            holder[name] = quantize_q4_0(lw, arena)
+                packed = [p.weight for p in parts if isinstance(p.weight, PackedWeight)]
+                nbytes += sum(w.nbytes() + ALIGN for w in packed)
+        arena = Arena(nbytes)
+    for (holder, name), to_q4_0 in zip(slots, wide):
+        if to_q4_0:
+            holder[name] = quantize_q4_0(holder[name], arena)
         elif arena is not None:
-            holder[name] = _moved(lw, arena)
+            holder[name] = _moved(holder[name], arena)
     model.weights_changed()
-
-
-def _packed(lw: LinearWeight) -> bool:
-    return isinstance(lw.weight, gguf_kernels.PackedWeight)
 
 
 def restrict_head(model: Transformer, keep: torch.Tensor) -> None:

@@ -115,6 +115,21 @@ def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
     return PackedWeight(tiled, w.out_features, w.in_features, data)
 
 
+Q4_0_BITS = 8 * 18 / 32  # bits a weight of Q4_0 (an fp16 step per 32 4-bit values): 4.5
+
+
+def pack_parts(qtype: int, rows: torch.Tensor, in_features: int, tiles: bool) -> list:
+    """Rows of one type (uint8 [N, row_bytes], contiguous) as GGUF matrices, tiled in place
+    (``repack``) if ``tiles``. Tiles take 8 rows at a time, so the rows past the last full
+    tile (a restricted head's special tokens) are a matrix of their own, in the file's
+    layout."""
+    n = rows.shape[0]
+    tiled = n // 8 * 8 if tiles else n
+    bounds = [(0, tiled), (tiled, n)] if 0 < tiled < n else [(0, n)]
+    parts = [pack(qtype, rows[a:b], b - a, in_features) for a, b in bounds]
+    return [repack(w, in_place=True) for w in parts] if tiles else parts
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -292,14 +307,13 @@ def dequantize(w: PackedWeight, out: torch.Tensor | None = None) -> torch.Tensor
     """The fp32 [out, in] matrix (into ``out`` if given), bit for bit as
     ``gguf.quants.dequantize`` gives it."""
     shape = (w.out_features, w.in_features)
-    if out is not None and (out.shape != shape or out.dtype != torch.float32):
-        raise ValueError(f"out must be float32 {shape}, got {out.dtype} {tuple(out.shape)}")
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous float32 {shape}, got {tuple(out.shape)}")
     lib = kernels.library()
     if lib is None:
-        values = _dequantize_rows_torch(w, None)
-        return values if out is None else out.copy_(values)
-    if out is None or not out.is_contiguous():
-        out = torch.empty(shape, dtype=torch.float32)
+        return out.copy_(_dequantize_rows_torch(w, None))
     lib.gguf_dequantize(
         w.qtype,
         _ptr(w.data),
