@@ -5,12 +5,14 @@ and the new library alternating call by call, never by two runs minutes apart. B
 one from the previous source (``git show HEAD~1:specdec/kernels/gguf_kernels.h`` beside a copy of
 ``cpu.cpp``, compiled with the flags of ``specdec.kernels.BUILDS``), then:
 
-    python scripts/ab_kernel_builds.py OLD.so [--rounds 9] [--models]
+    python scripts/ab_kernel_builds.py OLD.so [--rounds 9] [--models] [--context 2000]
+        [--new NEW.so] [--other-bits]
 
 Prints medians of tiled products (cache-resident and from memory, 1-16 activation rows) and,
-with ``--models``, of the default pair's forward passes (needs ``specdec models pull``); checks
-that both builds give the same bits. The new build is the one ``specdec.kernels`` loads
-(``SPECDEC_KERNELS`` picks it).
+with ``--models``, of the default pair's forward passes after ``--context`` cached tokens
+(needs ``specdec models pull``); checks that both builds give the same bits unless
+``--other-bits`` says the change alters them on purpose. The new build is the one
+``specdec.kernels`` loads (``SPECDEC_KERNELS`` picks it), or ``--new``'s.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import gguf
 import torch
 
 from specdec import kernels, ops
+from specdec.bench.passes import CONTEXT
 from specdec.kernels import gguf as gk
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -97,23 +100,24 @@ def products(libs: dict, rounds: int) -> None:
         report(title, times, ROWS, libs)
 
 
-def models(libs: dict, rounds: int) -> None:
+def models(libs: dict, rounds: int, context: int, same_bits: bool) -> None:
     from specdec import LLM
-    from specdec.bench.passes import CONTEXT
     from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
     llms = {}  # one copy of the pair per build: each tiles the weights at load its own way
     for name, lib in libs.items():
         use(lib)
-        llms[name] = LLM(DEFAULT_TARGET, DEFAULT_DRAFT, "sd", num_threads=2, max_model_len=512)
+        llms[name] = LLM(
+            DEFAULT_TARGET, DEFAULT_DRAFT, "sd", num_threads=2, max_model_len=context + 64
+        )
     for title, sizes in (("target pass", (1, 2, 3, 5, 9)), ("draft pass", (1, 4))):
         models, caches = {}, {}
-        prompt = torch.randint(0, 1000, (1, CONTEXT))
+        prompt = torch.randint(0, 1000, (1, context))
         for name, llm in llms.items():
             use(libs[name])
             models[name] = llm.target if title == "target pass" else llm.decoder.drafter.model
-            caches[name] = models[name].new_cache(1, CONTEXT + 20)
-            models[name].forward(prompt, caches[name], logits_at=torch.tensor([[CONTEXT - 1]]))
+            caches[name] = models[name].new_cache(1, context + 20)
+            models[name].forward(prompt, caches[name], logits_at=torch.tensor([[context - 1]]))
         times, outs = {}, {}
         for _ in range(rounds):
             for s in sizes:
@@ -121,11 +125,11 @@ def models(libs: dict, rounds: int) -> None:
                 for name, lib in libs.items():
                     use(lib)
                     model, cache = models[name], caches[name]
-                    cache.rollback(0, CONTEXT)
+                    cache.rollback(0, context)
                     t0 = time.perf_counter()
                     outs[name] = model.forward(tokens, cache)
                     times.setdefault((name, s), []).append(time.perf_counter() - t0)
-                if not torch.equal(*outs.values()):
+                if same_bits and not torch.equal(*outs.values()):
                     raise SystemExit(f"{title}, {s} tokens: the builds' bits differ")
         report(title, times, sizes, libs)
 
@@ -133,17 +137,22 @@ def models(libs: dict, rounds: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old", help="the old build's libspecdec_cpu.so")
+    ap.add_argument("--new", help="another build to compare instead of the one specdec loads")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--models", action="store_true", help="also the default pair's passes")
+    ap.add_argument("--context", type=int, default=CONTEXT, help="cached tokens before a pass")
+    ap.add_argument(
+        "--other-bits", action="store_true", help="the change alters the bits: do not check them"
+    )
     args = ap.parse_args()
-    new = kernels.library()
+    new = load(args.new) if args.new else kernels.library()
     if new is None:
         raise SystemExit(f"no kernels to compare: {kernels.status()}")
-    print(f"new: {kernels.status()}; old: {args.old}")
+    print(f"new: {args.new or kernels.status()}; old: {args.old}")
     libs = {"old": load(args.old), "new": new}
     products(libs, args.rounds)
     if args.models:
-        models(libs, args.rounds)
+        models(libs, args.rounds, args.context, not args.other_bits)
 
 
 if __name__ == "__main__":
