@@ -25,6 +25,40 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# AMD's CPU families by core: 0x17 Zen and Zen 2, 0x19 Zen 3 and Zen 4 (only Zen 4 has
+# AVX-512), 0x1A Zen 5. Clouds report a bare "AMD EPYC" as the model name, and the cores differ
+# where our kernels care: Zen 4 runs a 512-bit instruction as two 256-bit halves, Zen 5 does
+# two 512-bit FMAs or integer dot products a cycle.
+_AMD_CORES = {0x17: "Zen 2", 0x1A: "Zen 5"}
+
+
+@cache
+def cpu_identity() -> dict:
+    """The CPU as /proc/cpuinfo names it: model name, vendor, family, model, and the core
+    (microarchitecture) where the family tells it (AMD); empty where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's entry is enough
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    out = {"name": fields.get("model name"), "vendor": fields.get("vendor_id")}
+    try:
+        out["family"], out["model"] = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return out
+    if out["vendor"] == "AuthenticAMD":
+        if out["family"] == 0x19:
+            out["core"] = "Zen 4" if "avx512f" in cpu_flags() else "Zen 3"
+        elif out["family"] in _AMD_CORES:
+            out["core"] = _AMD_CORES[out["family"]]
+    return out
+
+
 _kernel_threads = [max(1, torch.get_num_threads())]
 
 

@@ -38,6 +38,7 @@ def test_quick_bench_reports_every_method(tiny_dirs, tmp_path, capsys):
     assert report["methods"]["hf"]["types"]["all"]["same_as_ar"] is True
     assert report["methods"]["hf-assisted"]["types"]["all"]["mean_tokens_per_round"] >= 1
     assert report["machine"]["threads"] == 2 and report["machine"]["kernels"]
+    assert "cpu_core" in report["machine"] and "cpu_family" in report["machine"]
     assert (out / "latest.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -146,3 +147,28 @@ def test_llamacpp_row_feeds_prompt_ids_and_stops_after_max_tokens(monkeypatch, t
     assert calls["init"]["n_threads"] == 2 and calls["init"]["model_path"] == str(gguf)
     assert calls["reset"] == 1 and res.decode_tokens_per_s > 0
     engine.close()
+
+
+@pytest.mark.parametrize(
+    "family, flags, core",
+    [("26", "avx2 avx512f", "Zen 5"), ("25", "avx2 avx512f", "Zen 4"), ("25", "avx2", "Zen 3")],
+)
+def test_machine_record_names_the_core(monkeypatch, family, flags, core):
+    """A cloud CPU's model name may be a bare "AMD EPYC": the record names the core from the
+    family (and AVX-512 for family 25), which is what decides our kernels' speed."""
+    from specdec import platform
+
+    text = (
+        f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 2\n"
+        f"model name\t: AMD EPYC\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\n"
+    )
+    monkeypatch.setattr(platform.Path, "read_text", lambda self: text)
+    monkeypatch.setattr(platform, "cpu_flags", platform.cpu_flags.__wrapped__)
+    ident = platform.cpu_identity.__wrapped__()
+    assert ident == {
+        "name": "AMD EPYC",
+        "vendor": "AuthenticAMD",
+        "family": int(family),
+        "model": 2,
+        "core": core,
+    }

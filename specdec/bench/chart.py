@@ -36,9 +36,10 @@ def plot(report: dict, path: str | Path) -> Path:
     ax.set_ylim(0, top * 1.15 if top else 1)
     ax.set_ylabel("decode tokens/s")
     cfg, machine = report["config"], report["machine"]
+    cpu = machine["cpu"] + (f" ({machine['cpu_core']})" if machine.get("cpu_core") else "")
     ax.set_title(
         f"{Path(cfg['model']).name}, {cfg['dtype']}, {cfg['threads']} threads, "
-        f"{cfg['max_tokens']} new tokens, temperature {cfg['temperature']:g}\n{machine['cpu']}",
+        f"{cfg['max_tokens']} new tokens, temperature {cfg['temperature']:g}\n{cpu}",
         fontsize=9,
     )
     ax.legend(fontsize=8, ncols=min(4, len(methods)))

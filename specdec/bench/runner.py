@@ -635,34 +635,23 @@ def add_speedups(methods: dict) -> None:
 # ----------------------------------------------------------------------------- report
 
 
-def _cpu_model_and_flags() -> tuple[str, set[str]]:
-    from specdec.platform import cpu_flags
-
-    model = platform.processor() or platform.machine()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            model = value.strip()
-            break  # the first processor's entry is enough
-    return model, set(cpu_flags())
-
-
 def machine_info(args) -> dict:
     import torch
 
     from specdec import __version__, kernels
+    from specdec.platform import cpu_flags, cpu_identity
 
-    cpu, flags = _cpu_model_and_flags()
+    ident, flags = cpu_identity(), cpu_flags()
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("transformers", "llama_cpp"):
         if importlib.util.find_spec(name) is not None:
             versions[name] = getattr(__import__(name), "__version__", "?")
     return {
-        "cpu": cpu,
+        "cpu": ident.get("name") or platform.processor() or platform.machine(),
+        # the model name alone ("AMD EPYC") may not say which core ran: family and model do
+        "cpu_core": ident.get("core"),
+        "cpu_family": ident.get("family"),
+        "cpu_model": ident.get("model"),
         "cpu_flags": sorted(
             flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16"}
         ),
