@@ -680,6 +680,7 @@ struct Job {
     float *y;
     long ldy;
     const float *bias;
+    long y0 = 0;  // the weight row whose output is y's column 0
 };
 
 // y[m, n] for every m of the pass and the rows n0..n1 of one work item
@@ -715,7 +716,7 @@ static void rows(const Job &j, long n0, long n1) {
                 const float *a = acc + ((n - n0) * mc + m) * 16;
                 float s = hsum8(_mm256_loadu_ps(a)) + hsum8(_mm256_loadu_ps(a + 8));
                 if (j.bias) s += j.bias[n];
-                j.y[(m0 + m) * j.ldy + n] = s;
+                j.y[(m0 + m) * j.ldy + n - j.y0] = s;
             }
     }
 }
@@ -739,7 +740,7 @@ static void rows_one(const Job &j, long n0, long n1) {
         }
         float s = hsum8(a) + hsum8(b);
         if (j.bias) s += j.bias[n];
-        j.y[n] = s;
+        j.y[n - j.y0] = s;
     }
 }
 
@@ -1100,15 +1101,12 @@ constexpr bool TILED<R8Q4_K> = true;
 template <>
 constexpr bool TILED<R8Q6_K> = true;
 
-// the n outputs y of x row m for weight rows n0..n0+n-1 (+ bias)
-static inline void store_rows(const Job &j, const float *y, int n, long m, long n0) {
-    float *out = j.y + m * j.ldy + n0;
-    for (int r = 0; r < n; r++) out[r] = j.bias ? y[r] + j.bias[n0 + r] : y[r];
-}
+// one vector store a row: through a stack copy and 8-16 scalar stores a row, a 5-token pass
+// filled the store buffer whenever the output's lines sat in the other core's cache (the MLP's
+// gate|up output, read by the activation between passes): +12% on those products
 static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
-    alignas(32) float y[8];
-    _mm256_store_ps(y, y8);
-    store_rows(j, y, 8, m, n0);
+    if (j.bias) y8 = _mm256_add_ps(y8, _mm256_loadu_ps(j.bias + n0));
+    _mm256_storeu_ps(j.y + m * j.ldy + n0 - j.y0, y8);
 }
 
 // x row m0 + m's quants and block factors (m < mc), set once per tile
@@ -1264,9 +1262,8 @@ static inline void dp_bcast(__m512i &S, __m512i w, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
 }
 static inline void store_pair(const Job &j, __m512 y16, long m, long n0) {  // as store_tile
-    alignas(64) float y[16];
-    _mm512_store_ps(y, y16);
-    store_rows(j, y, 16, m, n0);
+    if (j.bias) y16 = _mm512_add_ps(y16, _mm512_loadu_ps(j.bias + n0));
+    _mm512_storeu_ps(j.y + m * j.ldy + n0 - j.y0, y16);
 }
 struct R16Group {  // R8Group's fields a type reads, tile a's lanes then tile b's
     __m512 d, dmin, scf[8], mn[8];
@@ -1645,77 +1642,129 @@ static RowsFn rows_fn(bool int8x, long M) {
     }
 }
 
-// y[:, col_p .. col_p + N_p) = x @ W_p.T for parts p = 0..P-1 (matrices of any types with K
-// inputs, stacked along the output: q|k|v of mixed types), + bias over the whole row. x is
-// rounded once per block size the parts need, and one parallel loop covers every part's rows.
-// Returns 0, or -1 for a type without kernels.
-static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, const long *Ns,
-                        const float *x, const float *bias, float *y, long ldy, long M, long K,
-                        bool int8x, int nt) {
-    const long groups = (K + G - 1) / G, KP = groups * G;
-    bool need[3] = {false, false, false};  // x rounded per 256, per 32; fp32 x
+// The parts p = 0..P-1 of a stack (matrices of any types with K inputs, stacked along the
+// output: q|k|v of mixed types) set up for one product with x [M, K]: each part's job and
+// kernel, x rounded once per block size the parts need. ``ok`` is false for a type without
+// kernels. Work item ``it`` (a tile pair's 16 weight rows, else 8) runs with ``item``.
+struct Parts {
+    int P;
+    bool ok = false;
     Job jobs[8];
     RowsFn fns[8];
-    int xkind[8];  // which of the x forms below part p reads
     long first_item[9] = {0};
-    long rp[8];  // weight rows per work item: a tile pair's 16, else 8
-    if (P < 1 || P > 8) return -1;
-    long col = 0;
-    for (int p = 0; p < P; p++) {
-        bool ok = with_type(qtypes[p], [&](auto t) {
-            typedef decltype(t) T;
-            constexpr Kind KD = kind<T>();
-            const bool i8 = int8x && KD != FLT;  // floats always take exact x
-            xkind[p] = !i8 ? 2 : KD == KQ ? 0 : 1;
-            need[xkind[p]] = true;
-            fns[p] = rows_fn<T>(i8, M);
-            if (TILED<T> && Ns[p] % 8) fns[p] = nullptr;
-            rp[p] = PAIRS<T> ? 16 : 8;
-            jobs[p] = Job{ws[p], K / T::QK * T::BYTES, Ns[p], K, groups, nullptr, y + col, ldy,
-                          bias ? bias + col : nullptr};
-        });
-        if (!ok || !fns[p]) return -1;
-        col += Ns[p];
-        first_item[p + 1] = first_item[p] + (Ns[p] + rp[p] - 1) / rp[p];
-    }
-    // x as each kind of part reads it: int8 q M*KP bytes then s16, s32, dx, e2 (M*KP/8 bytes
-    // each at most), e8 (M*KP/16), ef and es (M*KP/8 each): under 2 * M*KP; or fp32 M*KP
-    XRows xr[3] = {{M, KP, 256, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-                   {M, KP, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-                   {M, KP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}};
+    long col[8];  // the part's first column of the stacked output
+    long rp[8];   // weight rows per work item: a tile pair's 16, else 8
+    XRows xr[3];
     void *mem[3] = {nullptr, nullptr, nullptr};
-    for (int v = 0; v < 3; v++) {
-        if (!need[v]) continue;
-        mem[v] = aligned_alloc(64, ((v < 2 ? M * KP * 2 : M * KP * 4) | 63) + 1);
-        if (v < 2) {
-            xr[v].q = (int8_t *)mem[v];
-            xr[v].s16 = (int16_t *)(xr[v].q + M * KP);
-            xr[v].s32 = (int32_t *)(xr[v].s16 + M * KP / 16);
-            xr[v].dx = (float *)(xr[v].s32 + M * KP / 32);
-            xr[v].e2 = (int16_t *)(xr[v].dx + M * KP / 32);  // M*KP/16 int16
-            xr[v].e8 = xr[v].e2 + M * KP / 16;                 // M*KP/32 int16
-            xr[v].ef = (float *)(xr[v].e8 + M * KP / 32);      // M*KP/32 floats, twice
-            xr[v].es = xr[v].ef + M * KP / 32;
-        } else {
-            xr[v].xf = (float *)mem[v];
+
+    Parts(int P_, const int *qtypes, const uint8_t *const *ws, const long *Ns, const float *x,
+          const float *bias, float *y, long ldy, long M, long K, bool int8x, int nt)
+        : P(P_) {
+        const long groups = (K + G - 1) / G, KP = groups * G;
+        bool need[3] = {false, false, false};  // x rounded per 256, per 32; fp32 x
+        int xkind[8];  // which of the x forms below part p reads
+        if (P < 1 || P > 8) return;
+        long c = 0;
+        for (int p = 0; p < P; p++) {
+            bool known = with_type(qtypes[p], [&](auto t) {
+                typedef decltype(t) T;
+                constexpr Kind KD = kind<T>();
+                const bool i8 = int8x && KD != FLT;  // floats always take exact x
+                xkind[p] = !i8 ? 2 : KD == KQ ? 0 : 1;
+                need[xkind[p]] = true;
+                fns[p] = rows_fn<T>(i8, M);
+                if (TILED<T> && Ns[p] % 8) fns[p] = nullptr;
+                rp[p] = PAIRS<T> ? 16 : 8;
+                jobs[p] = Job{ws[p], K / T::QK * T::BYTES, Ns[p], K, groups, nullptr, y + c, ldy,
+                              bias ? bias + c : nullptr};
+            });
+            if (!known || !fns[p]) return;
+            col[p] = c;
+            c += Ns[p];
+            first_item[p + 1] = first_item[p] + (Ns[p] + rp[p] - 1) / rp[p];
         }
-        prepare_x(x, K, xr[v], v < 2, nt);
+        // x as each kind of part reads it: int8 q M*KP bytes then s16, s32, dx, e2 (M*KP/8
+        // bytes each at most), e8 (M*KP/16), ef and es (M*KP/8 each): under 2 * M*KP; or fp32
+        const long qx[3] = {256, 32, 0};
+        for (int v = 0; v < 3; v++) {
+            xr[v] = XRows{M, KP, qx[v], 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            if (!need[v]) continue;
+            mem[v] = aligned_alloc(64, ((v < 2 ? M * KP * 2 : M * KP * 4) | 63) + 1);
+            if (v < 2) {
+                xr[v].q = (int8_t *)mem[v];
+                xr[v].s16 = (int16_t *)(xr[v].q + M * KP);
+                xr[v].s32 = (int32_t *)(xr[v].s16 + M * KP / 16);
+                xr[v].dx = (float *)(xr[v].s32 + M * KP / 32);
+                xr[v].e2 = (int16_t *)(xr[v].dx + M * KP / 32);  // M*KP/16 int16
+                xr[v].e8 = xr[v].e2 + M * KP / 16;                 // M*KP/32 int16
+                xr[v].ef = (float *)(xr[v].e8 + M * KP / 32);      // M*KP/32 floats, twice
+                xr[v].es = xr[v].ef + M * KP / 32;
+            } else {
+                xr[v].xf = (float *)mem[v];
+            }
+            prepare_x(x, K, xr[v], v < 2, nt);
+        }
+        for (int p = 0; p < P; p++) jobs[p].x = &xr[xkind[p]];
+        ok = true;
     }
-    for (int p = 0; p < P; p++) jobs[p].x = &xr[xkind[p]];
-    const long items = first_item[P];
-    // guided: long contiguous runs of rows first (one stream for the hardware prefetcher;
-    // dynamic hand-outs of 2 items made a 1-token pass of the default target's matrices 56.4
-    // ms instead of 41.1 on a 2-core EPYC), then ever smaller ones, so that a thread the other
-    // outran does not leave it waiting at the end (against static: target passes -2%, A/B)
-#pragma omp parallel for schedule(guided, 4) num_threads(nt) if (nt > 1 && items > 1)
-    for (long it = 0; it < items; it++) {
+    ~Parts() {
+        for (int v = 0; v < 3; v++) free(mem[v]);
+    }
+    Parts(const Parts &) = delete;
+    Parts &operator=(const Parts &) = delete;
+
+    long items() const { return first_item[P]; }
+    void item(long it) const {
         int p = 0;
         while (it >= first_item[p + 1]) p++;
         const long n0 = (it - first_item[p]) * rp[p];
         const long n1 = n0 + rp[p] < jobs[p].N ? n0 + rp[p] : jobs[p].N;
         fns[p](jobs[p], n0, n1);
     }
-    for (int v = 0; v < 3; v++) free(mem[v]);
+    // the stacked output's columns c .. c + 15 into y16 [M][16] (ldy 16), with their bias:
+    // the same kernels on the same x as ``item``, so the same bits. The caller checks that
+    // the 16 columns lie in one part at a multiple of 16 from its start (``aligned16``).
+    void columns16(long c, float *y16) const {
+        int p = 0;
+        while (c >= col[p] + jobs[p].N) p++;
+        Job j = jobs[p];
+        const long n0 = c - col[p];
+        j.y = y16;
+        j.ldy = 16;
+        j.y0 = n0;
+        for (long n = n0; n < n0 + 16; n += rp[p]) fns[p](j, n, n + rp[p]);
+    }
+    // the first ``bytes`` of those columns' weights towards L2: a kernel fetches ahead within
+    // its own rows only, so a stream that starts elsewhere would begin with misses
+    void prefetch16(long c, long bytes) const {
+        int p = 0;
+        while (c >= col[p] + jobs[p].N) p++;
+        const char *w = (const char *)(jobs[p].w + (c - col[p]) * jobs[p].rb);
+        bytes = bytes < 16 * jobs[p].rb ? bytes : 16 * jobs[p].rb;
+        for (long b = 0; b < bytes; b += 64) _mm_prefetch(w + b, _MM_HINT_T1);
+    }
+    bool aligned16() const {
+        for (int p = 0; p < P; p++)
+            if (col[p] % 16 || jobs[p].N % 16) return false;
+        return true;
+    }
+};
+
+// y[:, col_p .. col_p + N_p) = x @ W_p.T for the parts of a stack (``Parts``), + bias over
+// the whole row; one parallel loop covers every part's rows. Returns 0, or -1 for a type
+// without kernels.
+static int linear_parts(int P, const int *qtypes, const uint8_t *const *ws, const long *Ns,
+                        const float *x, const float *bias, float *y, long ldy, long M, long K,
+                        bool int8x, int nt) {
+    const Parts parts(P, qtypes, ws, Ns, x, bias, y, ldy, M, K, int8x, nt);
+    if (!parts.ok) return -1;
+    const long items = parts.items();
+    // guided: long contiguous runs of rows first (one stream for the hardware prefetcher;
+    // dynamic hand-outs of 2 items made a 1-token pass of the default target's matrices 56.4
+    // ms instead of 41.1 on a 2-core EPYC), then ever smaller ones, so that a thread the other
+    // outran does not leave it waiting at the end (against static: target passes -2%, A/B)
+#pragma omp parallel for schedule(guided, 4) num_threads(nt) if (nt > 1 && items > 1)
+    for (long it = 0; it < items; it++) parts.item(it);
     return 0;
 }
 
