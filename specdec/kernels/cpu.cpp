@@ -928,19 +928,22 @@ struct Layer {
 // writes act's columns: the same kernels on the same x, and silu_mul8 per element, as the
 // product into gu [R, 2I] and silu_mul_rows, so the same bits. gu's lines, written by either
 // core and read by the activation on one, had each to be pulled back by the next layer's
-// writer: the 5-token pass's gate|up products 9.6 -> 8.5 ms. (gu: for a stack that does not
-// split at 16-column boundaries, which takes the two steps.)
+// writer: with this step and the tiles' vector stores, the default target's 5-token pass
+// 22.2 -> 20.2 ms (A/B). A stack that does not split at 16-column boundaries takes the two
+// steps through gu.
 static int gate_up_silu(const Mats &m, const float *h, float *gu, float *act, long R, long K,
                         long I, int nt) {
-    const gq::Parts parts(m.P, m.qtypes, m.ws, m.Ns, h, m.bias, gu, m.N, R, K, m.int8x != 0, nt);
-    if (!parts.ok) return -1;
-    if (I % 16 || m.N != 2 * I || !parts.aligned16()) {
-        const long items = parts.items();
-#pragma omp parallel for schedule(guided, 4) num_threads(nt) if (nt > 1 && items > 1)
-        for (long it = 0; it < items; it++) parts.item(it);
+    bool split16 = I % 16 == 0 && m.N == 2 * I;
+    for (int p = 0; p < m.P; p++) split16 = split16 && m.Ns[p] % 16 == 0;
+    if (!split16) {
+        if (gq::linear_parts(m.P, m.qtypes, m.ws, m.Ns, h, m.bias, gu, m.N, R, K, m.int8x != 0,
+                             nt))
+            return -1;
         silu_mul_rows(gu, act, R, I, nt);
         return 0;
     }
+    const gq::Parts parts(m.P, m.qtypes, m.ws, m.Ns, h, m.bias, gu, m.N, R, K, m.int8x != 0, nt);
+    if (!parts.ok) return -1;
     const long items = I / 16;
     // act's lines go past the caches where the down product's x rounding reads them on one
     // core (prepare_x's serial case, a pass of a few tokens): stored normally, each line the
@@ -954,7 +957,6 @@ static int gate_up_silu(const Mats &m, const float *h, float *gu, float *act, lo
         float *g = buf.data(), *u = g + 16 * R;
 #pragma omp for schedule(guided, 4)  // as linear_parts
         for (long c = 0; c < items; c++) {
-            parts.prefetch16(I + 16 * c, 4096);  // the up rows' start, while G's are multiplied
             parts.columns16(16 * c, g);
             parts.columns16(I + 16 * c, u);
             for (long r = 0; r < R; r++)

@@ -1103,7 +1103,7 @@ constexpr bool TILED<R8Q6_K> = true;
 
 // one vector store a row: through a stack copy and 8-16 scalar stores a row, a 5-token pass
 // filled the store buffer whenever the output's lines sat in the other core's cache (the MLP's
-// gate|up output, read by the activation between passes): +12% on those products
+// gate|up output, read by the activation between passes): those products ~5% slower
 static inline void store_tile(const Job &j, __m256 y8, long m, long n0) {
     if (j.bias) y8 = _mm256_add_ps(y8, _mm256_loadu_ps(j.bias + n0));
     _mm256_storeu_ps(j.y + m * j.ldy + n0 - j.y0, y8);
@@ -1723,7 +1723,7 @@ struct Parts {
     }
     // the stacked output's columns c .. c + 15 into y16 [M][16] (ldy 16), with their bias:
     // the same kernels on the same x as ``item``, so the same bits. The caller checks that
-    // the 16 columns lie in one part at a multiple of 16 from its start (``aligned16``).
+    // the 16 columns lie in one part at a multiple of 16 from its start.
     void columns16(long c, float *y16) const {
         int p = 0;
         while (c >= col[p] + jobs[p].N) p++;
@@ -1733,20 +1733,6 @@ struct Parts {
         j.ldy = 16;
         j.y0 = n0;
         for (long n = n0; n < n0 + 16; n += rp[p]) fns[p](j, n, n + rp[p]);
-    }
-    // the first ``bytes`` of those columns' weights towards L2: a kernel fetches ahead within
-    // its own rows only, so a stream that starts elsewhere would begin with misses
-    void prefetch16(long c, long bytes) const {
-        int p = 0;
-        while (c >= col[p] + jobs[p].N) p++;
-        const char *w = (const char *)(jobs[p].w + (c - col[p]) * jobs[p].rb);
-        bytes = bytes < 16 * jobs[p].rb ? bytes : 16 * jobs[p].rb;
-        for (long b = 0; b < bytes; b += 64) _mm_prefetch(w + b, _MM_HINT_T1);
-    }
-    bool aligned16() const {
-        for (int p = 0; p < P; p++)
-            if (col[p] % 16 || jobs[p].N % 16) return false;
-        return true;
     }
 };
 
