@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <array>
+#include <type_traits>
 #include <memory>
 #include <utility>
 #include <vector>

@@ -864,6 +864,37 @@ struct R8Q4_K {
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
 #endif
     }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 of the pass at once (q[m], ef[m]: row m's quants and factors, at
+    // block j): each step, decoded once, meets every row before the next step, and every row's
+    // sum stays in a register. dot's integers and float operations in dot's order: the same
+    // bits. (dot row by row holds all 8 steps: with 5 rows' sums the registers ran out and
+    // GCC, free to reorder the integer adds, computed all 40 products first and spilled them.)
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(const R8Group &u,
+                                                               const uint8_t *tg, int j,
+                                                               const int8_t *const *q,
+                                                               const float *const *ef, long mc,
+                                                               __m256 (&T)[MC]) {
+        const __m256i low4 = bytes(15);
+        __m256i P[MC];  // <= 8 * 2 * 15 * 127: no int16 overflow, in any order
+        for (int t = 0; t < 4; t++) {  // steps t and t + 4: one vector's two nibbles
+            const __m256i v4 = ld(tg + 128 + 32 * (4 * j + t));
+            for (int h = 0; h < 2; h++) {
+                const __m256i w = _mm256_and_si256(h ? srl16(v4, 4) : v4, low4);
+                for (long m = 0; m < mc; m++) {
+                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 16 * h + 4 * t));
+                    P[m] = t + h == 0 ? pr : _mm256_add_epi16(P[m], pr);
+                    __asm__("" : "+x"(P[m]));  // an opaque value: the adds stay in this order
+                }
+            }
+        }
+        for (long m = 0; m < mc; m++) {
+            const __m256i S = _mm256_madd_epi16(P[m], u.sc[j]);
+            T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[m][j]), T[m]);
+        }
+    }
+#endif
     // row r of a tile-group as the file's block (dequantize, tests)
     static void block(const uint8_t *tg, int r, uint8_t *b) {
         memcpy(b, tg + 2 * r, 2);
@@ -966,6 +997,45 @@ struct R8Q6_K {
         S = _mm256_sub_epi32(S, _mm256_slli_epi32(O, 5));
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
     }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons; q, ef, s16: row m's at block
+    // j): two steps decoded at a time serve every row; dot's integers and floats, the same bits
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(
+        const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
+        const float *const *ef, const int16_t *const *s16, long mc, __m256 *T) {
+        const __m256i low4 = bytes(15), b45 = bytes(0x30);
+        __m256i S[MC];
+        for (int p = 0; p < 4; p++) {  // steps 2p, 2p + 1: sub-block 2j + p / 2
+            __m256i w[2];
+            for (int i = 0; i < 2; i++) {
+                const int st = 2 * p + i, t = st % 4;  // step st: nibble st / 4 of vector t
+                const __m256i v4 = ld(tg + 144 + 32 * (4 * j + t));
+                const __m256i h = ld(tg + 1168 + 64 * j + 32 * (st / 4));  // its top 2 bits
+                const __m256i hs = t == 0   ? _mm256_slli_epi16(h, 4)
+                                   : t == 1 ? _mm256_slli_epi16(h, 2)
+                                   : t == 2 ? h
+                                            : _mm256_srli_epi16(h, 2);
+                w[i] = _mm256_or_si256(_mm256_and_si256(st < 4 ? v4 : srl16(v4, 4), low4),
+                                       _mm256_and_si256(hs, b45));
+            }
+            for (long m = 0; m < mc; m++) {
+                const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(q[m] + 8 * p)),
+                                                   _mm256_maddubs_epi16(w[1], bcast4(q[m] + 8 * p + 4)));
+                const __m256i Sp = _mm256_madd_epi16(P, u.sc[2 * j + p / 2]);
+                S[m] = p == 0 ? Sp : _mm256_add_epi32(S[m], Sp);
+                __asm__("" : "+x"(S[m]));
+            }
+        }
+        for (long m = 0; m < mc; m++) {
+            int32_t pair;
+            memcpy(&pair, s16[m] + 2 * j, 4);
+            const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
+            const __m256i Sm = _mm256_sub_epi32(S[m], _mm256_slli_epi32(O, 5));
+            T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Sm), _mm256_set1_ps(ef[m][j]), T[m]);
+        }
+    }
+#endif
     static void block(const uint8_t *tg, int r, uint8_t *b) {
         memcpy(b + 208, tg + 2 * r, 2);
         for (int i = 0; i < 16; i++) b[192 + i] = tg[16 + 8 * i + r];
@@ -1148,8 +1218,28 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
             __m256i w[8];
             for (long b = jb * PF; b < (jb + 1) * PF && b < T::TG; b += 64)
                 _mm_prefetch(ahead + b, _MM_HINT_T0);
-            T::steps(tg, jb, w);
             const long oq = g * G + 32 * jb;
+#if !defined(__AVX512VNNI__)
+            if (MC > 1) {  // (one row: dot's order is already this)
+                const int8_t *q[MC];
+                const float *ef[MC];
+                const int16_t *s16[MC];
+                for (long m = 0; m < mc; m++)
+                    q[m] = p.q[m] + oq, ef[m] = p.e[m] + g * 8, s16[m] = p.s[m] + g * 16;
+                if constexpr (std::is_same_v<T, R8Q4_K>) {
+                    T::dot_rows(u, tg, jb, q, ef, mc, Ts);
+                    continue;
+                } else if constexpr (MC <= 3) {  // Q6_K: at most 3 rows a sweep (more spill)
+                    T::template dot_rows<MC>(u, tg, jb, q, ef, s16, MC, Ts);
+                    continue;
+                } else if constexpr (MC <= 6) {  // (sizes known here: the loops unroll)
+                    T::template dot_rows<3>(u, tg, jb, q, ef, s16, 3, Ts);
+                    T::template dot_rows<MC - 3>(u, tg, jb, q + 3, ef + 3, s16 + 3, MC - 3, Ts + 3);
+                    continue;
+                }
+            }
+#endif
+            T::steps(tg, jb, w);
             for (long m = 0; m < mc; m++)
                 T::dot(u, w, p.q[m] + oq, p.e[m] + g * 8, p.s[m] + g * 16, jb, Ts[m]);
         }
