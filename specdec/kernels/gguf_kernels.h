@@ -1127,6 +1127,47 @@ struct R8B32 {
         S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum));  // q is stored + OFF
         A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
     }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons; q, sum, dx: row m's at this
+    // block): dot's integers (P[0] steps 0-3, P[1] 4-7) and float operations, the same bits
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(const uint8_t *tg, __m256 d,
+                                                               const int8_t *const *q,
+                                                               const int32_t *sum,
+                                                               const float *dx, long mc,
+                                                               __m256 *A) {
+        const __m256i low4 = bytes(15);
+        __m256i h;
+        if constexpr (FIFTH) h = ld(tg + 144);
+        __m256i P[MC][2];
+        for (int t = 0; t < 4; t++) {
+            const __m256i v4 = ld(tg + 16 + 32 * t);
+            for (int i = 0; i < 2; i++) {  // step t + 4i
+                __m256i w = _mm256_and_si256(i ? srl16(v4, 4) : v4, low4);
+                if constexpr (FIFTH) {  // bit 4 + 4i + t - 4 of h's bytes -> bit 4
+                    const int sh = 4 * i + t;
+                    const __m256i hs = sh < 4   ? _mm256_slli_epi16(h, 4 - sh)
+                                       : sh > 4 ? _mm256_srli_epi16(h, sh - 4)
+                                                : h;
+                    w = _mm256_or_si256(w, _mm256_and_si256(hs, bytes(16)));
+                }
+                for (long m = 0; m < mc; m++) {
+                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 16 * i + 4 * t));
+                    P[m][i] = t == 0 ? pr : _mm256_add_epi16(P[m][i], pr);
+                    __asm__("" : "+x"(P[m][i]));
+                }
+            }
+        }
+        const __m256i one = _mm256_set1_epi16(1);
+        for (long m = 0; m < mc; m++) {
+            __m256i S = _mm256_add_epi32(_mm256_madd_epi16(P[m][0], one),
+                                         _mm256_madd_epi16(P[m][1], one));
+            S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum[m]));
+            A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx[m])),
+                                   A[m]);
+        }
+    }
+#endif
     static void block(const uint8_t *tg, int r, uint8_t *b) {
         memset(b, 0, BYTES);
         memcpy(b, tg + 2 * r, 2);
@@ -1271,9 +1312,22 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
         const uint8_t *tg = tile + b * T::TG;
         const char *ahead = (const char *)(tg + 12 * T::TG);  // ~2 KB on, as the K-quants'
         for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+#if !defined(__AVX512VNNI__)
+        if constexpr (MC > 1 && MC <= 4) {  // (more rows' sums than 4 spill)
+            const int8_t *q[MC];
+            int32_t sum[MC];
+            float dx[MC];
+            for (long m = 0; m < MC; m++) {
+                const long r = m0 + m, xb = r * (x.KP / 32) + b;
+                q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
+            }
+            T::template dot_rows<MC>(tg, d, q, sum, dx, MC, A);
+            continue;
+        }
+#endif
         __m256i w[8];
         T::steps(tg, w);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
         for (long m = 0; m < mc; m++) {
             const long r = m0 + m, xb = r * (x.KP / 32) + b;
             T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
