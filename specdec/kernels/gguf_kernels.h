@@ -868,8 +868,9 @@ struct R8Q4_K {
     // dot for x rows 0..mc-1 of the pass at once (q[m], ef[m]: row m's quants and factors, at
     // block j): each step, decoded once, meets every row before the next step, and every row's
     // sum stays in a register. dot's integers and float operations in dot's order: the same
-    // bits. (dot row by row holds all 8 steps: with 5 rows' sums the registers ran out and
-    // GCC, free to reorder the integer adds, computed all 40 products first and spilled them.)
+    // bits. (dot row by row holds all 8 steps: beside 5 rows' sums the 16 registers ran out,
+    // steps spilled and the rows' sums lived on the stack. Step by step without the empty asm
+    // below, GCC reordered the integer adds, computed all 40 products first and spilled them.)
     template <int MC>
     static inline __attribute__((always_inline)) void dot_rows(const R8Group &u,
                                                                const uint8_t *tg, int j,
