@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include <array>
-#include <type_traits>
 #include <memory>
 #include <utility>
 #include <vector>

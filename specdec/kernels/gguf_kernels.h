@@ -871,12 +871,12 @@ struct R8Q4_K {
     // bits. (dot row by row holds all 8 steps: beside 5 rows' sums the 16 registers ran out,
     // steps spilled and the rows' sums lived on the stack. Step by step without the empty asm
     // below, GCC reordered the integer adds, computed all 40 products first and spilled them.)
+    // Every row of a pass in one sweep (SWEEP); s16 unused, as in dot.
+    static constexpr int SWEEP = 16;
     template <int MC>
-    static inline __attribute__((always_inline)) void dot_rows(const R8Group &u,
-                                                               const uint8_t *tg, int j,
-                                                               const int8_t *const *q,
-                                                               const float *const *ef, long mc,
-                                                               __m256 (&T)[MC]) {
+    static inline __attribute__((always_inline)) void dot_rows(
+        const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
+        const float *const *ef, const int16_t *const *, long mc, __m256 *T) {
         const __m256i low4 = bytes(15);
         __m256i P[MC];  // <= 8 * 2 * 15 * 127: no int16 overflow, in any order
         for (int t = 0; t < 4; t++) {  // steps t and t + 4: one vector's two nibbles
@@ -1000,7 +1000,9 @@ struct R8Q6_K {
     }
 #if !defined(__AVX512VNNI__)
     // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons; q, ef, s16: row m's at block
-    // j): two steps decoded at a time serve every row; dot's integers and floats, the same bits
+    // j): two steps decoded at a time serve every row; dot's integers and floats, the same bits.
+    // At most 3 rows a sweep: with 4-5 rows' sums beside the steps the registers spill.
+    static constexpr int SWEEP = 3;
     template <int MC>
     static inline __attribute__((always_inline)) void dot_rows(
         const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
@@ -1268,15 +1270,13 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
                 const int16_t *s16[MC];
                 for (long m = 0; m < mc; m++)
                     q[m] = p.q[m] + oq, ef[m] = p.e[m] + g * 8, s16[m] = p.s[m] + g * 16;
-                if constexpr (std::is_same_v<T, R8Q4_K>) {
-                    T::dot_rows(u, tg, jb, q, ef, mc, Ts);
+                constexpr int S = T::SWEEP;
+                if constexpr (MC <= S) {
+                    T::template dot_rows<MC>(u, tg, jb, q, ef, s16, mc, Ts);
                     continue;
-                } else if constexpr (MC <= 3) {  // Q6_K: at most 3 rows a sweep (more spill)
-                    T::template dot_rows<MC>(u, tg, jb, q, ef, s16, MC, Ts);
-                    continue;
-                } else if constexpr (MC <= 6) {  // (sizes known here: the loops unroll)
-                    T::template dot_rows<3>(u, tg, jb, q, ef, s16, 3, Ts);
-                    T::template dot_rows<MC - 3>(u, tg, jb, q + 3, ef + 3, s16 + 3, MC - 3, Ts + 3);
+                } else if constexpr (MC <= 2 * S) {  // two sweeps, sizes known: loops unroll
+                    T::template dot_rows<S>(u, tg, jb, q, ef, s16, S, Ts);
+                    T::template dot_rows<MC - S>(u, tg, jb, q + S, ef + S, s16 + S, MC - S, Ts + S);
                     continue;
                 }
             }
