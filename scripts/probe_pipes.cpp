@@ -10,24 +10,11 @@
 // the Pentium 4's), each rate from 12 independent accumulators (more than any latency needs).
 #include <immintrin.h>
 
-#include <chrono>
 #include <cstdio>
 
-static double seconds(void (*body)(long), long n) {
-    body(n / 10);  // warm up: the clock ramps, the code is in cache
-    const auto t0 = std::chrono::steady_clock::now();
-    body(n);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+#include "probe_timing.h"
 
-static void adds(long n) {
-    long a = 0;
-    for (long i = 0; i < n; i++) __asm__ volatile("add $1,%0\n add $1,%0\n add $1,%0\n add $1,%0" : "+r"(a));
-}
-
-// 12 instructions a loop trip, each writing its own register zmm0..zmm11 from zmm30, zmm31
-#define TWELVE(A, B) \
-    A(0) B(1) A(2) B(3) A(4) B(5) A(6) B(7) A(8) B(9) A(10) B(11)
+// TWELVE's registers here: zmm0..zmm11, each from zmm30, zmm31
 #define DPB(i) "vpdpbusd %%zmm30, %%zmm31, %%zmm" #i "\n"
 #define FMA(i) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #i "\n"
 #define ADD(i) "vpaddd %%zmm30, %%zmm" #i ", %%zmm" #i "\n"
