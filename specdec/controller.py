@@ -94,20 +94,26 @@ class SpeculationController:
         explore: tuple[int, ...] = (4, 0, 1, 8),
         probe_every: int = 16,
         k_min: int = 0,
+        k_plan: int | None = None,
     ):
         if fixed_k is not None and fixed_k < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {fixed_k}")
         self.k_max = fixed_k if fixed_k is not None else k_max
         self.k_min = min(k_min, self.k_max)  # SSD: a round without drafts strands the worker
+        # the most K it asks for: a drafter that lengthens its drafts while confident
+        # (``draft_confidence``) is asked for 1 and goes on by itself, up to k_max; asked for
+        # more, the tokens it must draft unconditionally cost more than they bring (README)
+        self.k_plan = self.k_max if k_plan is None else min(k_plan, self.k_max)
         self.fixed_k = fixed_k
         self.prior_alpha, self.prior_weight = prior_alpha, prior_weight
-        self.explore = [min(max(k, self.k_min), self.k_max) for k in explore]
+        self.explore = [min(max(k, self.k_min), self.k_plan) for k in explore]
         self.probe_every = probe_every
         self.t_draft = _Ema()  # seconds per drafted position (batch of the round)
         self.t_draft_by_k: dict[int, _Ema] = {}  # a round's drafting seconds by its K
         self.t_other = _Ema()
         self.t_verify: dict[int, _Ema] = {}  # target pass time by tokens in the pass
         self.rounds = 0
+        self._last_k: int | None = None  # the previous round's K
         self._since_probe = 0
         self._probe_wait = probe_every  # rounds until the next probe
         self._probe_up = True
@@ -115,6 +121,8 @@ class SpeculationController:
 
     # -- acceptance --------------------------------------------------------------------------
     def alpha(self, seq: Sequence) -> float:
+        # (with k_plan = 1 the drafts a confident drafter added count too: their acceptance
+        # is part of what a drafting round yields, and the only choice left is 0 or 1)
         return seq.stats.per_token_acceptance(self.prior_alpha, self.prior_weight)
 
     # -- costs -------------------------------------------------------------------------------
@@ -122,7 +130,11 @@ class SpeculationController:
         self.rounds += 1
         tokens = batch * (k + 1)
         self.t_verify.setdefault(tokens, _Ema()).add(verify_s)
-        if k > 0:
+        # a round after a K = 0 round pays the drafter's catch-up on every token since it last
+        # drafted: a cost of leaving K = 0, not of its K (taken as one, a single such round
+        # made K = 1 look dear enough that an SD run stayed at K = 0 for good)
+        after_ar, self._last_k = self._last_k == 0, k
+        if k > 0 and not after_ar:
             self.t_draft.add(draft_s / k)
             if self.rounds > len(self.explore):  # past the exploration's changes of K
                 # weight 0.1: SSD's wait is ~1 ms on a hit, 50-90 ms on a miss; an average
@@ -162,7 +174,7 @@ class SpeculationController:
         alphas = [self.alpha(s) for s in seqs]
         t_o = self.t_other.value or 0.0
         best_k, best_rate, rates = 0, -1.0, {}
-        for k in range(self.k_min, self.k_max + 1):
+        for k in range(self.k_min, self.k_plan + 1):
             cost = self.verify_time(len(seqs) * (k + 1))
             if cost is None:
                 continue
@@ -184,7 +196,7 @@ class SpeculationController:
 
     def _probe(self, best_k: int) -> int:
         """A neighbour of the best K, to refresh its cost and acceptance."""
-        up = best_k + 1 <= self.k_max and (self._probe_up or best_k - 1 < self.k_min)
+        up = best_k + 1 <= self.k_plan and (self._probe_up or best_k - 1 < self.k_min)
         if not up and best_k - 1 < self.k_min:
             return best_k  # nothing else to try
         self._probe_up = not self._probe_up

@@ -113,8 +113,16 @@ class LLM:
         config, vocab = self.config, self.tokenizer.vocab_size
         if config.method == "ar":
             return AutoregressiveDecoder(self.target, vocab)
+        # a draft model's confident drafts lengthen themselves, unless K is fixed
+        extend = (
+            config.method == "sd"
+            and config.num_speculative_tokens is None
+            and config.draft.confidence < 1.0
+        )
         controller = SpeculationController(
-            k_max=config.max_speculative_tokens, fixed_k=config.num_speculative_tokens
+            k_max=config.max_speculative_tokens,
+            fixed_k=config.num_speculative_tokens,
+            k_plan=1 if extend else None,
         )
         if config.method == "ngram":
             drafter = NgramDrafter(
@@ -128,7 +136,13 @@ class LLM:
             return build_ssd_decoder(config, self.draft, self.target, self.tokenizer)
         d = self.draft
         model = load_draft_model(d.path, self.dtype, config.device, d.quantization, d.head_ids)
-        drafter = DraftModelDrafter(model, self.target.config.vocab_size, vocab)
+        drafter = DraftModelDrafter(
+            model,
+            self.target.config.vocab_size,
+            vocab,
+            confidence=config.draft.confidence if extend else 1.0,
+            k_cap=controller.k_max,
+        )
         return SpeculativeDecoder(self.target, vocab, drafter, controller, method=config.method)
 
     def _draft_spec(self) -> DraftSpec:

@@ -52,6 +52,17 @@ def test_controller_drafts_long_when_drafts_are_cheap_and_good():
     assert ctl.choose_k([simulated_seq(0.9, 4, 200)]) >= 5
 
 
+def test_controller_asks_for_at_most_k_plan():
+    """With a drafter that lengthens confident drafts itself (k_plan = 1) the controller asks
+    for one draft at most, even where its model would pick a long K; it explores within that."""
+    ctl = SpeculationController(k_max=8, k_plan=1)
+    assert set(ctl.explore) <= {0, 1}
+    for k in (0, 1, 4, 8):
+        ctl.observe_round(1, k, 0.01 * k, 0.1 + 0.005 * k, 0.001)
+    choices = [ctl.choose_k([simulated_seq(0.9, 4, 200)]) for _ in range(40)]
+    assert set(choices) <= {0, 1} and choices.count(1) >= 36  # 0: a probe now and then
+
+
 def test_controller_stops_drafting_when_it_cannot_pay():
     """A weak, slow drafter: K = 0 (plain AR rounds), probing with K = 1 now and then."""
     ctl = _trained(t_draft=0.05, t_verify_1=0.1, t_verify_per_token=0.02)

@@ -21,6 +21,20 @@ def sd_llm(tiny_dirs):
     return LLM(tiny_dirs["v16"], draft_model=tiny_dirs["v16_draft"], method="sd", dtype="float32")
 
 
+@pytest.fixture
+def sd_ext_llm(tiny_dirs):
+    # adaptive K with every draft lengthened to max_speculative_tokens (draft_confidence=0:
+    # the draft is always confident enough): the longest drafts the confidence rule can make
+    return LLM(
+        tiny_dirs["v16"],
+        draft_model=tiny_dirs["v16_draft"],
+        method="sd",
+        dtype="float32",
+        draft_confidence=0.0,
+        max_speculative_tokens=4,
+    )
+
+
 @pytest.fixture(scope="module")
 def sd_k3_llm(tiny_dirs):
     v16, draft = tiny_dirs["v16"], tiny_dirs["v16_draft"]
@@ -59,7 +73,7 @@ def exact(tiny_dirs, llm, params):
 
 
 @pytest.mark.parametrize("params", SAMPLING, ids=SAMPLING_IDS)
-@pytest.mark.parametrize("which", ["sd_llm", "sd_k3_llm", "ngram_llm"])
+@pytest.mark.parametrize("which", ["sd_llm", "sd_ext_llm", "sd_k3_llm", "ngram_llm"])
 def test_sampled_output_follows_target_distribution(tiny_dirs, request, which, params):
     llm = request.getfixturevalue(which)
     samples, outs = samples_of(llm, params)
@@ -80,7 +94,7 @@ def test_chi_square_has_power_against_the_draft_distribution(tiny_dirs, sd_llm):
 PROMPTS = ["w3 w4 w5", "w10 w11 w10 w11", "w7", "w1 w2 w3 w4 w5 w6 w7 w8"]  # in both vocabularies
 
 
-@pytest.mark.parametrize("which", ["sd_llm", "sd_k3_llm", "ngram_llm"])
+@pytest.mark.parametrize("which", ["sd_llm", "sd_ext_llm", "sd_k3_llm", "ngram_llm"])
 def test_greedy_token_identical_to_ar(ar_llm, request, which):
     llm = request.getfixturevalue(which)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
@@ -88,6 +102,52 @@ def test_greedy_token_identical_to_ar(ar_llm, request, which):
     got = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == want
     assert llm.metrics()["drafted_tokens"] > 0
+
+
+def drafted_per_round(llm: LLM, prompts: list[str], params: SamplingParams) -> list[int]:
+    """The K of each round's proposal (row 0), as the drafter returned it."""
+    drafter, ks = llm.decoder.drafter, []
+    propose = drafter.propose
+
+    def spy(seqs, asked):
+        proposal = propose(seqs, asked)
+        ks.append(int(proposal.k[0]))
+        return proposal
+
+    drafter.propose = spy
+    llm.generate(prompts, params)
+    drafter.propose = propose
+    return ks
+
+
+def test_confident_drafts_lengthen_up_to_the_cap(sd_ext_llm):
+    """With draft_confidence=0 the controller asks for one draft and the drafter goes on to
+    max_speculative_tokens, never past what the request may still emit."""
+    assert sd_ext_llm.decoder.controller.k_plan == 1
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    drafting = [k for k in drafted_per_round(sd_ext_llm, ["w3 w4"], params) if k]
+    assert drafting[:-2] and set(drafting[:-2]) == {4}  # the last rounds: what may be emitted
+
+
+def test_confidence_off_or_fixed_k_drafts_what_is_asked(tiny_dirs):
+    """draft_confidence=1 (off) leaves K to the controller; a fixed K is drafted exactly."""
+    kw = {"draft_model": tiny_dirs["v16_draft"], "method": "sd", "dtype": "float32"}
+    off = LLM(tiny_dirs["v16"], draft_confidence=1.0, **kw)
+    assert off.decoder.controller.k_plan == off.decoder.controller.k_max == 8
+    fixed = LLM(tiny_dirs["v16"], draft_confidence=0.0, num_speculative_tokens=2, **kw)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    assert set(drafted_per_round(fixed, ["w3 w4"], params)) <= {1, 2}  # 1: the last round
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, float("nan"), "high", True])
+def test_bad_draft_confidence(tiny_dirs, value):
+    with pytest.raises(ValueError, match="draft_confidence"):
+        LLM(
+            tiny_dirs["v16"],
+            draft_model=tiny_dirs["v16_draft"],
+            method="sd",
+            draft_confidence=value,
+        )
 
 
 def self_draft(tiny_dirs, k: int, **kw) -> LLM:
@@ -125,7 +185,7 @@ def test_greedy_sd_with_a_requantized_draft_equals_ar(tiny_dirs, tiny_llm, quant
         assert isinstance(w, gk.PackedWeight) and gk.FILE_TYPE.get(w.qtype, w.qtype) == 2
 
 
-@pytest.mark.parametrize("which", ["sd_llm", "sd_k3_llm", "ngram_llm"])
+@pytest.mark.parametrize("which", ["sd_llm", "sd_ext_llm", "sd_k3_llm", "ngram_llm"])
 def test_batched_equals_single(request, which):
     llm = request.getfixturevalue(which)
     for params in (
@@ -135,7 +195,7 @@ def test_batched_equals_single(request, which):
             temperature=1.0, max_tokens=20, seed=3, ignore_eos=True, sampler="rejection"
         ),
     ):
-        if which == "sd_llm" and params.sampler == "rejection":
+        if which in ("sd_llm", "sd_ext_llm") and params.sampler == "rejection":
             continue  # adaptive K depends on timing: rejection sampling's text needs a fixed K
         batched = llm.generate(PROMPTS, params)
         for prompt, out in zip(PROMPTS, batched):

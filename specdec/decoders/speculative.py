@@ -6,6 +6,7 @@ number of tokens.
 One round, for every running sequence (cache invariant: all tokens but the pending one):
   1. K      = the controller's choice, capped by what the sequence may still emit
   2. d, q   = drafter.propose(sequence, K)                   d_i ~ q_i
+              (a draft model may go on past K while it is confident: draft_confidence)
   3. p      = target([pending, d_1..d_K])                    p_1..p_{K+1}, one pass
               (row j through the sequence's processors as if d_1..d_j were output)
   4. n, t   = verify(p, q, d)                                accept d_1..d_n, then t

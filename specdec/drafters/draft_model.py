@@ -24,6 +24,11 @@ from specdec.quantize import expand_logits, restrict_head
 from specdec.sampling import probabilities, sample
 from specdec.sequence import Sequence
 
+# the longest draft a confident drafter makes by itself (``draft_confidence``): 6 was the best
+# of 4, 6 and 8 in the teacher-forced study (README, "dynamic draft length"), with a Zen 2's
+# pass costs and a Zen 5's alike
+EXTEND_CAP = 6
+
 
 def load_draft_model(
     path, dtype: str | torch.dtype, device: str, quantization: str | None, head_ids
@@ -104,10 +109,21 @@ class DraftModelDrafter(Drafter):
     name = "draft-model"
     cache_slack = 2
 
-    def __init__(self, model: Transformer, target_vocab: int, tokenizer_vocab: int):
+    def __init__(
+        self,
+        model: Transformer,
+        target_vocab: int,
+        tokenizer_vocab: int,
+        confidence: float = 1.0,
+        k_cap: int = 0,
+    ):
         self.model = model
         self.target_vocab = target_vocab  # q is returned over the target's rows
         self.tokenizer_vocab = tokenizer_vocab
+        # past a row's asked K, it drafts on while the draft's top probability at its last
+        # position is above ``confidence``, up to ``k_cap`` tokens (``_extend``)
+        self.confidence = confidence
+        self.k_cap = min(k_cap, EXTEND_CAP)
         self.cache: KVCache | None = None
         self._row: dict[str, int] = {}
         self._len: dict[str, int] = {}  # tokens of the sequence held in the draft cache
@@ -178,29 +194,61 @@ class DraftModelDrafter(Drafter):
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         rows = self._rows(seqs)
-        kmax = max(ks)
         bsz = len(seqs)
-        tokens = torch.zeros(bsz, kmax, dtype=torch.int64)
-        q = torch.zeros(bsz, kmax, self.target_vocab)
-        if kmax == 0:
+        if max(ks) == 0:
+            tokens = torch.zeros(bsz, 0, dtype=torch.int64)
+            q = torch.zeros(bsz, 0, self.target_vocab)
             return Proposal(tokens, torch.zeros(bsz, dtype=torch.int64), q)
+        plan = list(ks)  # each row's K so far: the asked K, lengthened while confident
+        caps = [self._cap(s, k) for s, k in zip(seqs, ks)]
+        tokens, q = [], []
         catch_up, lengths = pad_right([s.all_ids[self._len[s.request_id] :] for s in seqs])
         last = (lengths - 1)[:, None]
         logits = self.model.forward(catch_up, self.cache, rows, num_new=lengths, logits_at=last)
 
         def draw(logits: torch.Tensor, i: int) -> torch.Tensor:
-            logits = self._processed(logits, seqs, tokens[:, :i], [i < k for k in ks])
-            q[:, i] = self._distribution(logits, seqs)
-            tokens[:, i] = self._sample(q[:, i], seqs, [i < k for k in ks], i)
-            return tokens[:, i]
+            live = [i < k for k in plan]
+            drafted = torch.stack(tokens, 1) if tokens else torch.zeros(bsz, 0, dtype=torch.int64)
+            logits = self._processed(logits, seqs, drafted, live)
+            q.append(self._distribution(logits, seqs))
+            tokens.append(self._sample(q[-1], seqs, live, i))
+            self._extend(plan, caps, logits, i)
+            return tokens[-1]
 
         def advance(drawn: torch.Tensor, i: int) -> torch.Tensor:
             return self.model.forward(drawn[:, None], self.cache, rows)[:, 0]
 
-        draft_tokens(logits[:, 0], kmax, draw, advance)
+        # asked before each pass: whether any row drafts at the next position
+        def done() -> bool:
+            return all(k <= len(tokens) for k in plan)
+
+        draft_tokens(logits[:, 0], max(caps), draw, advance, stop=done)
+        depth = len(tokens)  # positions drafted (the cache holds all but the last)
         for s, n in zip(seqs, lengths.tolist()):
-            self._len[s.request_id] += n + kmax - 1
-        return Proposal(tokens, torch.tensor(ks, dtype=torch.int64), q)
+            self._len[s.request_id] += n + depth - 1
+        return Proposal(
+            torch.stack(tokens, 1), torch.tensor(plan, dtype=torch.int64), torch.stack(q, 1)
+        )
+
+    def _cap(self, seq: Sequence, k: int) -> int:
+        """The most tokens a row may draft this round: its asked K where it asked for none or
+        confidence does not lengthen drafts, else k_cap, and never past what it may emit."""
+        if k == 0 or self.confidence >= 1.0:
+            return k
+        return max(k, min(self.k_cap, seq.remaining - 1))
+
+    def _extend(self, plan: list[int], caps: list[int], logits: torch.Tensor, i: int) -> None:
+        """Lengthen by one the rows whose planned drafts end at position i, that may draft
+        more, and whose draft put more than ``confidence`` on its top token there. Which
+        positions a row drafts thus depends only on its own drafts and their distributions,
+        never on the target: verification stays exact (README, "dynamic draft length")."""
+        grow = [b for b, (k, c) in enumerate(zip(plan, caps)) if k == i + 1 and k < c]
+        if not grow:
+            return
+        top = torch.softmax(logits[grow].float(), -1).amax(-1).tolist()
+        for b, p in zip(grow, top):
+            if p > self.confidence:
+                plan[b] += 1
 
     def accept_outcome(self, seqs, prev_lengths, num_accepted, next_tokens) -> float:
         for s, prev, n in zip(seqs, prev_lengths, num_accepted):
