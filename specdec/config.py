@@ -157,6 +157,15 @@ def _check_int(name: str, value, low: int = 1, optional: bool = True) -> None:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
+def _check_fraction(name: str, value, open_low: bool = False) -> float:
+    """A number in [0, 1] ((0, 1] where ``open_low``), as a float."""
+    span = "(0, 1]" if open_low else "[0, 1]"
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (0 < value <= 1 if open_low else 0 <= value <= 1):
+        raise ValueError(f"{name} must be in {span}, got {value!r}")
+    return float(value)
+
+
 def _check_cores(name: str, cores) -> None:
     if cores is None:
         return
@@ -194,12 +203,7 @@ class DraftConfig:
     )
 
     def validate(self) -> None:
-        if isinstance(self.confidence, bool) or not isinstance(self.confidence, int | float):
-            raise ValueError(
-                f"draft_confidence must be a number in [0, 1], got {self.confidence!r}"
-            )
-        if not 0.0 <= self.confidence <= 1.0:
-            raise ValueError(f"draft_confidence must be in [0, 1], got {self.confidence!r}")
+        self.confidence = _check_fraction("draft_confidence", self.confidence)
         if self.quantization is None:
             self.quantization = "none"
         _check_choice("draft_quantization", self.quantization, DRAFT_QUANTIZATIONS)
@@ -248,10 +252,7 @@ class SSDConfig:
         if self.saguaro_c is None:
             self.saguaro_c = SSDConfig.saguaro_c
         _check_int("speculation_budget", self.budget, optional=False)
-        c = self.saguaro_c
-        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 < c <= 1:
-            raise ValueError(f"saguaro_c must be in (0, 1], got {c!r}")
-        self.saguaro_c = float(c)
+        self.saguaro_c = _check_fraction("saguaro_c", self.saguaro_c, open_low=True)
         _check_choice("fanout", self.fanout, FANOUTS)
         _check_choice("backup", self.backup, BACKUPS)
         _check_cores("draft_cpu_cores", self.draft_cpu_cores)

@@ -161,11 +161,15 @@ class DraftModelDrafter(Drafter):
             logits, params, self.model, self.tokenizer_vocab, self.target_vocab
         )
 
-    def _processed(self, logits, seqs: list[Sequence], drafted: torch.Tensor, live: list[bool]):
-        """Draft logits [B, V'] at the position after each row's drafts so far, through the
-        sequence's processors (the target's p goes through the same ones)."""
+    def _processed(self, logits, seqs: list[Sequence], drafted: list, live: list[bool]):
+        """Draft logits [B, V'] at the position after each row's drafts so far (``drafted``:
+        one [B] tensor a position), through the sequence's processors (the target's p goes
+        through the same ones)."""
         if not any(s.processors for s in seqs):
             return logits
+        drafted = (
+            torch.stack(drafted, 1) if drafted else torch.zeros(len(seqs), 0, dtype=torch.int64)
+        )
         rows = [
             (s.processors, s.output_ids, drafted[b].tolist()) if s.processors and ok else None
             for b, (s, ok) in enumerate(zip(seqs, live))
@@ -208,8 +212,7 @@ class DraftModelDrafter(Drafter):
 
         def draw(logits: torch.Tensor, i: int) -> torch.Tensor:
             live = [i < k for k in plan]
-            drafted = torch.stack(tokens, 1) if tokens else torch.zeros(bsz, 0, dtype=torch.int64)
-            logits = self._processed(logits, seqs, drafted, live)
+            logits = self._processed(logits, seqs, tokens, live)
             q.append(self._distribution(logits, seqs))
             tokens.append(self._sample(q[-1], seqs, live, i))
             self._extend(plan, caps, logits, i)
