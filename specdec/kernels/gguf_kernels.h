@@ -957,20 +957,24 @@ struct R8Q6_K {
                 _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(sc + 16 * j)),
                                   _mm_loadl_epi64((const __m128i *)(sc + 16 * j + 8))));
     }
-    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // q + 32, unsigned
+    // where block j's 4 low-bit vectors start, and its 2 top-bit vectors
+    static constexpr int lo(int j) { return 144 + 192 * j; }
+    static constexpr int hi(int j) { return lo(j) + 128; }
+    // step st of block j, q + 32 (unsigned): nibble st / 4 of low-bit vector st % 4, with bits
+    // 2t, 2t + 1 of top-bit vector st / 4 moved to bits 4, 5
+    static inline __m256i step(const uint8_t *tg, int j, int st) {
         const __m256i low4 = bytes(15), b45 = bytes(0x30);
-        const __m256i h0 = ld(tg + 272 + 192 * j), h1 = ld(tg + 272 + 192 * j + 32);
-        // bits 2t, 2t + 1 of h -> bits 4, 5
-        const __m256i hs0[4] = {_mm256_slli_epi16(h0, 4), _mm256_slli_epi16(h0, 2), h0,
-                                _mm256_srli_epi16(h0, 2)};
-        const __m256i hs1[4] = {_mm256_slli_epi16(h1, 4), _mm256_slli_epi16(h1, 2), h1,
-                                _mm256_srli_epi16(h1, 2)};
-        for (int t = 0; t < 4; t++) {
-            const __m256i v4 = ld(tg + 144 + 192 * j + 32 * t);
-            w[t] = _mm256_or_si256(_mm256_and_si256(v4, low4), _mm256_and_si256(hs0[t], b45));
-            w[t + 4] = _mm256_or_si256(_mm256_and_si256(srl16(v4, 4), low4),
-                                       _mm256_and_si256(hs1[t], b45));
-        }
+        const int t = st % 4;
+        const __m256i v4 = ld(tg + lo(j) + 32 * t), h = ld(tg + hi(j) + 32 * (st / 4));
+        const __m256i hs = t == 0   ? _mm256_slli_epi16(h, 4)
+                           : t == 1 ? _mm256_slli_epi16(h, 2)
+                           : t == 2 ? h
+                                    : _mm256_srli_epi16(h, 2);
+        return _mm256_or_si256(_mm256_and_si256(st < 4 ? v4 : srl16(v4, 4), low4),
+                               _mm256_and_si256(hs, b45));
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
+        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st);
     }
     // (Tried: signed q - 32 against |x| and sign(x), one madd per 16 k instead of two and no
     // offset term: fewer multiplies, yet ~8% slower at M = 5 on a Zen 3.)
@@ -1010,21 +1014,9 @@ struct R8Q6_K {
     static inline __attribute__((always_inline)) void dot_rows(
         const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
         const float *const *ef, const int16_t *const *s16, long mc, __m256 *T) {
-        const __m256i low4 = bytes(15), b45 = bytes(0x30);
         __m256i S[MC];
         for (int p = 0; p < 4; p++) {  // steps 2p, 2p + 1: sub-block 2j + p / 2
-            __m256i w[2];
-            for (int i = 0; i < 2; i++) {
-                const int st = 2 * p + i, t = st % 4;  // step st: nibble st / 4 of vector t
-                const __m256i v4 = ld(tg + 144 + 192 * j + 32 * t);
-                const __m256i h = ld(tg + 272 + 192 * j + 32 * (st / 4));  // its top 2 bits
-                const __m256i hs = t == 0   ? _mm256_slli_epi16(h, 4)
-                                   : t == 1 ? _mm256_slli_epi16(h, 2)
-                                   : t == 2 ? h
-                                            : _mm256_srli_epi16(h, 2);
-                w[i] = _mm256_or_si256(_mm256_and_si256(st < 4 ? v4 : srl16(v4, 4), low4),
-                                       _mm256_and_si256(hs, b45));
-            }
+            const __m256i w[2] = {step(tg, j, 2 * p), step(tg, j, 2 * p + 1)};
             for (long m = 0; m < mc; m++) {
                 const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], bcast4(q[m] + 8 * p)),
                                                    _mm256_maddubs_epi16(w[1], bcast4(q[m] + 8 * p + 4)));
@@ -1048,8 +1040,8 @@ struct R8Q6_K {
         uint8_t q[G];
         for (int k = 0; k < G; k++) {
             const int j = k / 32, s = k % 32 / 4, i = k % 4;
-            const uint8_t v = tg[144 + 192 * j + 32 * (s % 4) + 4 * r + i];
-            const uint8_t h = tg[272 + 192 * j + 32 * (s / 4) + 4 * r + i];
+            const uint8_t v = tg[lo(j) + 32 * (s % 4) + 4 * r + i];
+            const uint8_t h = tg[hi(j) + 32 * (s / 4) + 4 * r + i];
             q[k] = (uint8_t)((s < 4 ? v & 15 : v >> 4) | ((h >> (2 * (s % 4))) & 3) << 4);
         }
         memset(b, 0, 192);
@@ -1073,14 +1065,14 @@ struct R8Q6_K {
             for (int r = 0; r < 8; r++)
                 for (int i = 0; i < 4; i++) {
                     for (int t = 0; t < 4; t++)
-                        tg[144 + 192 * j + 32 * t + 4 * r + i] =
+                        tg[lo(j) + 32 * t + 4 * r + i] =
                             (uint8_t)((q[r][32 * j + 4 * t + i] & 15) |
                                       (q[r][32 * j + 16 + 4 * t + i] & 15) << 4);
                     for (int h = 0; h < 2; h++) {
                         uint8_t v = 0;
                         for (int t = 0; t < 4; t++)
                             v |= (uint8_t)((q[r][32 * j + 16 * h + 4 * t + i] >> 4) << (2 * t));
-                        tg[272 + 192 * j + 32 * h + 4 * r + i] = v;
+                        tg[hi(j) + 32 * h + 4 * r + i] = v;
                     }
                 }
     }
@@ -1489,8 +1481,8 @@ struct Pair<R8Q6_K> {
         std::array<std::array<int, 2>, SEGS> seg{};
         seg[0] = {0, 144};
         for (int j = 0; j < 8; j++) {
-            seg[1 + 2 * j] = {144 + 192 * j, 128};
-            seg[2 + 2 * j] = {272 + 192 * j, 64};
+            seg[1 + 2 * j] = {R8Q6_K::lo(j), 128};
+            seg[2 + 2 * j] = {R8Q6_K::hi(j), 64};
         }
         return seg;
     }();
