@@ -52,10 +52,11 @@ def make_weight(name: str, n: int = 37, seed: int = 0):
 
 @pytest.fixture(params=[*kernels.BUILDS, "torch"])
 def kernels_on(request, monkeypatch):
-    """Each build this CPU runs, and the torch fallback (no kernel library)."""
+    """Each build (one this CPU cannot run: its AVX2 emulation, the same bits), and the
+    torch fallback (no kernel library)."""
     lib = None
     if request.param != "torch":
-        lib, why = kernels.load_build(request.param)
+        lib, why = kernels.load_build_or_emulation(request.param)
         if lib is None:
             pytest.skip(why)
     monkeypatch.setattr(kernels, "library", lambda: lib)
@@ -315,8 +316,9 @@ def test_tiles_give_the_same_bits_in_every_build(monkeypatch, name):
     x = torch.randn(12, w.in_features)
     ys = {}
     for build in kernels.BUILDS:
-        lib, _ = kernels.load_build(build)
+        lib, why = kernels.load_build_or_emulation(build)
         if lib is None:
+            print(f"{build}: {why}")
             continue
         monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
         tiled = gk.repack(w)
@@ -326,3 +328,40 @@ def test_tiles_give_the_same_bits_in_every_build(monkeypatch, name):
     first = next(iter(ys.values()))
     for build, y in ys.items():
         assert torch.equal(y, first), build
+
+
+def test_emulated_builds_give_the_real_builds_bits(monkeypatch):
+    """What lets an AVX2 day test the AVX-512 builds: their SIMDe emulation computes the same
+    bits as the real instructions. Checked where the CPU runs an AVX-512 build: every GGUF
+    type in the file layout and in tiles, both x modes, 1 and 7 x rows, and the attention."""
+    real = [b for b in kernels.supported_builds() if b != "avx2"]
+    if not real:
+        pytest.skip("this CPU runs no AVX-512 build to hold the emulation against")
+    torch.manual_seed(11)
+    q, k, v = torch.randn(1, 7, 4, 64), torch.randn(1, 7, 2, 64), torch.randn(1, 7, 2, 64)
+    one = torch.zeros(1, dtype=torch.long)
+    bf16 = ops.LinearWeight(torch.randn(40, 300).bfloat16(), torch.randn(40))
+
+    def attention():
+        kc, vc = torch.zeros(1, 2, 16, 64), torch.zeros(1, 2, 16, 64)
+        return ops.attend(q, k, v, kc, vc, one, one, one + 7, None, 0.125)
+
+    for build in real:
+        outs = []
+        for emulated in (False, True):
+            lib, why = kernels.load_build(build, emulated=emulated)
+            if lib is None:
+                pytest.skip(why)
+            monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+            got, g = [], torch.Generator().manual_seed(2)
+            for name in TYPES:
+                w, _ = make_weight(name, n=40)
+                x = torch.randn(7, w.in_features, generator=torch.Generator().manual_seed(1))
+                for m in (1, 7):
+                    got += [gk.linear(x[:m], w, int8_x=i8) for i8 in (True, False)]
+                    if name in TILED:
+                        got.append(gk.linear(x[:m], gk.repack(w)))
+            got += [attention(), ops.linear(torch.randn(5, 300, generator=g), bf16)]
+            outs.append(got)
+        for i, (a, b) in enumerate(zip(*outs)):
+            assert torch.equal(a, b), f"{build}: output {i} differs from its emulation"

@@ -180,6 +180,17 @@ def files(tmp_path_factory):
     }
 
 
+@pytest.fixture(params=list(kernels.BUILDS))
+def each_build(request, monkeypatch):
+    """Every kernel build, the model loaded under it (tiles and pairs are the build's own); a
+    build this CPU cannot run is its AVX2 emulation (the same bits, slowly)."""
+    lib, why = kernels.load_build_or_emulation(request.param)
+    if lib is None:
+        pytest.skip(why)
+    monkeypatch.setattr(kernels, "library", lambda: lib)
+    return request.param
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     h = tmp_path / "home"
@@ -428,7 +439,7 @@ def test_q4_0_drafter_is_requantized_from_the_files_values(tmp_path):
 
 
 @pytest.mark.parametrize("dtype,draft", [("auto", "draft"), ("exact", "llama")])
-def test_greedy_sd_equals_ar(files, home, dtype, draft):
+def test_greedy_sd_equals_ar(files, each_build, home, dtype, draft):
     """Token identity in the default (int8 activations) and exact modes, with another tiny
     model as the draft and with the target itself (every draft accepted)."""
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -458,7 +469,7 @@ OTHERS |= {"ffn_gate": T.Q3_K, "ffn_up": T.Q2_K, "ffn_down": T.Q5_K}
     [("llama", Q4_K_M, "auto"), ("qwen2", Q4_K_M, "auto"), ("qwen2", OTHERS, "auto"),
      ("llama", OTHERS, "exact"), ("qwen2", Q4_K_M, "exact")],
 )  # fmt: skip
-def test_fused_layer_loop_gives_the_python_loops_bits(tmp_path, arch, types, dtype):
+def test_fused_layer_loop_gives_the_python_loops_bits(tmp_path, each_build, arch, types, dtype):
     """``decoder_layers`` (the layer loop in one kernel call) against the Python loop: the
     same logits and the same KV cache, bit for bit, for a prefill, a one-token step, a batch
     with padded rows, a tree mask and positions of their own (the shapes SD and SSD run)."""

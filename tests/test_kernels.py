@@ -42,9 +42,10 @@ def reference(x: torch.Tensor, lw: ops.LinearWeight) -> torch.Tensor:
 
 @pytest.fixture(params=list(kernels.BUILDS))
 def kernels_on(request, monkeypatch):
-    """Each build this CPU runs (AVX2 and AVX-512 reduce in different orders and tile
-    differently, VNNI adds int8 x: each must be right and batch invariant on its own)."""
-    lib, why = kernels.load_build(request.param)
+    """Each build (AVX2 and AVX-512 reduce in different orders and tile differently, VNNI adds
+    int8 x: each must be right and batch invariant on its own); one this CPU cannot run is its
+    AVX2 emulation, which gives the same bits."""
+    lib, why = kernels.load_build_or_emulation(request.param)
     if lib is None:
         pytest.skip(why)
     monkeypatch.setattr(kernels, "library", lambda: lib)
@@ -142,13 +143,26 @@ def test_unknown_kernel_choice_is_an_error(monkeypatch):
 
 def test_every_build_this_cpu_runs_compiles():
     """A kernel source that fails to compile must fail here, not turn the kernel tests into
-    skips (their fixtures skip a build this CPU cannot run)."""
+    skips (their fixtures skip a build that is unavailable)."""
     builds = kernels.supported_builds()
     if not builds:
         pytest.skip("this CPU runs none of our builds")
     for name in builds:
         lib, why = kernels.load_build(name)
         assert lib is not None, f"{name}: {why}"
+
+
+def test_every_build_compiles_emulated_where_the_cpu_lacks_it():
+    """On an AVX2-only CPU the AVX-512 builds are tested through SIMDe (set up by
+    scripts/setup.sh): their emulation must build and say so, and must be refused for AVX2."""
+    if kernels.supported_builds() != ["avx2"]:
+        pytest.skip("this CPU runs the AVX-512 builds themselves (or none)")
+    assert kernels.load_build("avx2", emulated=True)[0] is None
+    for name in ("avx512", "avx512vnni"):
+        lib, why = kernels.load_build_or_emulation(name)
+        assert lib is not None, f"{name}: {why}"
+        assert "emulated on AVX2" in why and lib.specdec_vector_lanes() == 16
+        assert (getattr(lib, "linear_i4q", None) is not None) == (name == "avx512vnni")
 
 
 def test_each_build_exports_only_its_c_api():
@@ -179,14 +193,12 @@ def test_each_build_exports_only_its_c_api():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 24])
-def test_attention_bits_do_not_depend_on_the_pass(head_dim):
+def test_attention_bits_do_not_depend_on_the_pass(kernels_on, head_dim):
     """Our attention groups a pass's query tokens (16 at a time) and the heads that share a KV
     head, and walks the cache in blocks of 64 slots, four slots' dot products side by side.
     A query's output must still be the same bits whether it is decoded alone, inside a
     20-token pass (two groups of tokens), next to another sequence, or under an explicit mask
     equal to the causal one (the masked path scores one slot at a time); and close to torch."""
-    if kernels.library() is None:
-        pytest.skip(f"our CPU kernels are not in use here: {kernels.status()}")
     torch.manual_seed(3)
     n_heads, n_kv, ctx, new, slots = 6, 2, 150, 20, 192
     scale = head_dim**-0.5

@@ -33,6 +33,8 @@ from specdec.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("cpu.cpp")
 HEADERS = [Path(__file__).with_name("gguf_kernels.h")]  # included by SOURCE: part of the build key
+# tests: an AVX-512 build's code on an AVX2 CPU, through SIMDe (load_build(..., emulated=True))
+EMULATION = Path(__file__).with_name("emulate_avx512.h")
 COMMON_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # build name -> (extra compiler flags, CPU flags it needs beyond AVX2/FMA/F16C)
 BUILDS = {
@@ -117,13 +119,31 @@ def _build(out_dir: Path, flags: list[str]) -> Path:
     return lib
 
 
+def emulated_flags(name: str) -> list[str]:
+    """Compiler flags for an AVX-512 build's code that runs on AVX2 (emulate_avx512.h)."""
+    vnni = ["-DSPECDEC_EMULATE_VNNI"] if name == "avx512vnni" else []
+    return COMMON_FLAGS + ["-include", str(EMULATION), *vnni]
+
+
 @cache
-def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
-    """(library, description) for one build, or (None, why not)."""
-    if name not in supported_builds():
+def load_build(name: str, emulated: bool = False) -> tuple[ctypes.CDLL | None, str]:
+    """(library, description) for one build, or (None, why not).
+
+    ``emulated``: an AVX-512 build compiled for AVX2 with SIMDe (the same bits, several times
+    slower), so that tests check those builds on AVX2-only CPUs; needs SIMDe's headers.
+    """
+    if emulated:
+        if name == "avx2" or "avx2" not in supported_builds():
+            return None, f"no emulated {name} build on this CPU"
+        if not _simde_found():
+            return None, "emulating AVX-512 needs SIMDe's headers (apt-get install libsimde-dev)"
+        flags = emulated_flags(name)
+    elif name not in supported_builds():
         return None, f"this CPU cannot run the {name} build"
-    flags = COMMON_FLAGS + BUILDS[name][0]
-    text = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
+    else:
+        flags = COMMON_FLAGS + BUILDS[name][0]
+    sources = [SOURCE, *HEADERS, *([EMULATION] if emulated else [])]
+    text = b"".join(path.read_bytes() for path in sources)
     key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     try:
         lib_path = _build(specdec_home() / "kernels" / key, flags)
@@ -138,7 +158,28 @@ def load_build(name: str) -> tuple[ctypes.CDLL | None, str]:
             continue
         fn.argtypes = argtypes
         fn.restype = _RESTYPES.get(fn_name)
-    return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes)"
+    how = ", emulated on AVX2" if emulated else ""
+    return lib, f"specdec {name.upper()} kernels ({lib.specdec_vector_lanes()} fp32 lanes{how})"
+
+
+def load_build_or_emulation(name: str) -> tuple[ctypes.CDLL | None, str]:
+    """The build itself where this CPU runs it, else its AVX2 emulation (tests)."""
+    if name in supported_builds():
+        return load_build(name)
+    return load_build(name, emulated=True)
+
+
+def _simde_found() -> bool:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return False
+    probe = subprocess.run(
+        [compiler, "-x", "c++", "-E", "-", "-o", os.devnull],
+        input="#include <simde/x86/avx512.h>\n",
+        capture_output=True,
+        text=True,
+    )
+    return probe.returncode == 0
 
 
 @cache

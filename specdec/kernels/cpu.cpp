@@ -328,7 +328,9 @@ static inline void block(vf (&acc)[MT][NT], const float *xb, const typename W::T
             vf a = vload(xb + (i * W::XV + u) * VL);
             // keep x in a register: GCC would rather fold this load into each of the NT
             // FMAs, and loads, not FMAs, then bound the loop
+#if !defined(SPECDEC_EMULATED)  // (emulated vectors are structs: no register to name)
             __asm__("" : "+v"(a));
+#endif
             for (int t = 0; t < NT; t++)
                 if constexpr (W::GROUPED)
                     part[i][t] = vfma(a, wv[t], part[i][t]);

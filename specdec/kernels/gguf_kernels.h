@@ -783,7 +783,11 @@ static inline __m256i bcast4(const int8_t *p) {  // 4 bytes into every 32-bit la
 // S += w (unsigned) times 4 bytes of x broadcast, the broadcast folded into the instruction
 // (EVEX m32bcst; GCC emits a separate vpbroadcastd): at M = 16 a Q4_K tile 15% faster (Zen 4)
 static inline void dp_bcast(__m256i &S, __m256i w, const int8_t *p) {
+#if defined(SPECDEC_EMULATED)
+    S = _mm256_dpbusd_epi32(S, w, bcast4(p));
+#else
     __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
+#endif
 }
 #endif
 static inline __m256i pairs_u8(__m128i v8) {  // 8 bytes (low half) -> 16 int16, each twice
@@ -1399,7 +1403,13 @@ static inline __m256i cat(const uint8_t *a, const uint8_t *b) {  // 16 bytes at 
                                    _mm_loadu_si128((const __m128i *)b), 1);
 }
 static inline void dp_bcast(__m512i &S, __m512i w, const int8_t *p) {
+#if defined(SPECDEC_EMULATED)
+    int32_t v;
+    memcpy(&v, p, 4);
+    S = _mm512_dpbusd_epi32(S, w, _mm512_set1_epi32(v));
+#else
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(S) : "v"(w), "m"(*(const int32_t *)p));
+#endif
 }
 static inline void store_pair(const Job &j, __m512 y16, long m, long n0) {  // as store_tile
     if (j.bias) y16 = _mm512_add_ps(y16, _mm512_loadu_ps(j.bias + n0));
