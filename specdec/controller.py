@@ -17,7 +17,10 @@ up, then one down): the pass sizes it never picks would otherwise keep whatever 
 showed once, and acceptance may have changed. While K = 0 stays the choice, the wait between
 probes doubles (up to 16x): a probe from K = 0 costs more than its round, because the drafter
 first catches up on every token since it last drafted (measured on an AVX2 day, where drafting
-does not pay: probing every 16 rounds made SD 0.78x AR).
+does not pay: probing every 16 rounds made SD 0.78x AR). Such a probe drafts in two rounds,
+the second one's drafting time a sample, and an estimate unsampled for ``STALE_ROUNDS`` takes
+a probe's sample whole: after another process slowed the cores for a while, SD drafts again
+at the next probe (it had stayed at K = 0 for good).
 """
 
 from __future__ import annotations
@@ -69,19 +72,29 @@ def _interpolate(known: list[tuple[int, float]], x: int) -> float | None:
     return max(1e-6, v1 + slope * (x - t1)) if x > t1 else max(1e-6, v0)
 
 
+# rounds after which an estimate's last sample counts for nothing against a fresh one (from
+# half that, for less and less): a pass size or drafting cost seen only in probes must follow
+# the machine, which another process on the cores may have slowed for a while and freed since
+STALE_ROUNDS = 64
+
+
 @dataclass
 class _Ema:
     """A running estimate: the plain mean of the first samples (so that one slow first pass,
-    cold caches and all, does not linger), then an exponential average that follows drift."""
+    cold caches and all, does not linger), then an exponential average that follows drift,
+    and a sample after a long gap (``STALE_ROUNDS``) replaces the stale value."""
 
     value: float | None = None
     weight: float = 0.3
     count: int = 0
+    seen: int = 0  # the round of the last sample
 
-    def add(self, x: float) -> None:
+    def add(self, x: float, now: int = 0) -> None:
         self.count += 1
-        w = max(self.weight, 1.0 / self.count)
+        stale = min(1.0, max(0.0, 2.0 * (now - self.seen) / STALE_ROUNDS - 1.0))
+        w = max(self.weight, 1.0 / self.count, stale)
         self.value = x if self.value is None else (1 - w) * self.value + w * x
+        self.seen = now
 
 
 class SpeculationController:
@@ -117,6 +130,7 @@ class SpeculationController:
         self._since_probe = 0
         self._probe_wait = probe_every  # rounds until the next probe
         self._probe_up = True
+        self._probe_again = False  # a probe from K = 0 drafts in two rounds (see _probe)
         self.last_choice: dict = {}
 
     # -- acceptance --------------------------------------------------------------------------
@@ -128,19 +142,20 @@ class SpeculationController:
     # -- costs -------------------------------------------------------------------------------
     def observe_round(self, batch: int, k: int, draft_s: float, verify_s: float, other_s: float):
         self.rounds += 1
+        now = self.rounds
         tokens = batch * (k + 1)
-        self.t_verify.setdefault(tokens, _Ema()).add(verify_s)
+        self.t_verify.setdefault(tokens, _Ema()).add(verify_s, now)
         # a round after a K = 0 round pays the drafter's catch-up on every token since it last
         # drafted: a cost of leaving K = 0, not of its K (taken as one, a single such round
         # made K = 1 look dear enough that an SD run stayed at K = 0 for good)
         after_ar, self._last_k = self._last_k == 0, k
         if k > 0 and not after_ar:
-            self.t_draft.add(draft_s / k)
+            self.t_draft.add(draft_s / k, now)
             if self.rounds > len(self.explore):  # past the exploration's changes of K
                 # weight 0.1: SSD's wait is ~1 ms on a hit, 50-90 ms on a miss; an average
                 # over ~10 rounds, not the last two or three
-                self.t_draft_by_k.setdefault(k, _Ema(weight=0.1)).add(draft_s)
-        self.t_other.add(other_s)
+                self.t_draft_by_k.setdefault(k, _Ema(weight=0.1)).add(draft_s, now)
+        self.t_other.add(other_s, now)
 
     def verify_time(self, tokens: int) -> float | None:
         return _interpolate(_fitted(self.t_verify), tokens)
@@ -184,6 +199,9 @@ class SpeculationController:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         self.last_choice = {"k": best_k, "alpha": sum(alphas) / len(alphas), "rates": rates}
+        if self._probe_again:
+            self._probe_again = False
+            return max(best_k, 1)
         self._since_probe += 1
         if self._since_probe >= self._probe_wait:
             self._since_probe = 0
@@ -195,9 +213,12 @@ class SpeculationController:
         return best_k
 
     def _probe(self, best_k: int) -> int:
-        """A neighbour of the best K, to refresh its cost and acceptance."""
+        """A neighbour of the best K, to refresh its cost and acceptance. From K = 0 the probe
+        drafts in two rounds: the first pays the drafter's catch-up (no drafting sample), the
+        second measures what drafting costs now."""
         up = best_k + 1 <= self.k_plan and (self._probe_up or best_k - 1 < self.k_min)
         if not up and best_k - 1 < self.k_min:
             return best_k  # nothing else to try
         self._probe_up = not self._probe_up
+        self._probe_again = best_k == 0
         return best_k + 1 if up else best_k - 1
