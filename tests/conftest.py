@@ -1,9 +1,22 @@
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def pytest_sessionstart(session):
+    """On an AVX2-only CPU the kernel tests run the AVX-512 builds emulated (SIMDe), which
+    take ~100 s to compile: started here, beside the first tests, the fixtures find them built."""
+    from specdec import kernels
+
+    if kernels.supported_builds() == ["avx2"]:
+        for name in ("avx512vnni", "avx512"):
+            threading.Thread(
+                target=kernels.load_build_or_emulation, args=(name,), daemon=True
+            ).start()
 
 
 @pytest.fixture(scope="session")
