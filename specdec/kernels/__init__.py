@@ -134,7 +134,7 @@ def load_build(name: str, emulated: bool = False) -> tuple[ctypes.CDLL | None, s
     """
     if emulated:
         if name == "avx2" or "avx2" not in supported_builds():
-            return None, f"no emulated {name} build on this CPU"
+            return None, f"no emulation of the {name} build on this CPU"
         if not _simde_found():
             return None, "emulating AVX-512 needs SIMDe's headers (apt-get install libsimde-dev)"
         flags = emulated_flags(name)

@@ -638,11 +638,11 @@ constexpr long SB = 64;  // KV slots per block
 // 1-token pass). Into L2 (T1): the current block stays in L1.
 struct Ahead {
     const char *at = nullptr, *end = nullptr;
-    long per = 0;  // lines each `some` prefetches
+    long per = 0;  // lines each `some` prefetches: the lines over the slots / step calls, up
     Ahead() = default;
     Ahead(const char *p, long bytes, long slots, long step)
         : at(p), end(p + bytes), per((bytes / 64 + 1) * step / (slots > step ? slots : step) + 1) {}
-    void some(long) {
+    void some() {  // every `step` slots
         for (long i = 0; i < per && at < end; i++, at += 64) _mm_prefetch(at, _MM_HINT_T1);
     }
     void rest() {
@@ -655,7 +655,7 @@ struct Ahead {
 // slots' chains run side by side (a CPU with two FMA units needs eight to hide the latency),
 // the same bits as one slot's. (In the AVX-512 builds VL = 16: a Zen 5 does two 16-lane FMAs
 // a cycle, twice the 8-lane rate.)
-// `pf` bytes at pf: lines of the next block to prefetch (``Ahead``), spread over the slots
+// pf: the next block's lines this pass prefetches on the way (Ahead).
 static inline void scores(const float *qv, const float *kb, long D, long s0, long se,
                           const uint8_t *mrow, float scale, float *p, float &mx, Ahead pf) {
     const long DV = D & ~(long)(VL - 1);
@@ -678,7 +678,7 @@ static inline void scores(const float *qv, const float *kb, long D, long s0, lon
                 const vf x = vload(qv + d);
                 for (int u = 0; u < 8; u++) a[u] = vfma(x, vload(k0 + u * D + d), a[u]);
             }
-            pf.some(8);
+            pf.some();
             float sums[8];
             vsum8(a, sums);
             for (int u = 0; u < 8; u++) {
@@ -729,7 +729,7 @@ static inline void weigh(const float *p, float mx, const float *vb, long D, long
         vf a[NV];
         for (int v = 0; v < NV; v++) a[v] = vload(acc + VL * v);
         for (long s = s0; s < se; s++) {
-            if ((s & 7) == 0) pf.some(8);
+            if ((s & 7) == 0) pf.some();
             if (mrow && !mrow[s]) continue;
             const float *vv = vb + s * D;
             const vf ev = vset1(e[s - s0]);

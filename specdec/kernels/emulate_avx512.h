@@ -5,8 +5,9 @@
 // SIMDe (Debian: libsimde-dev) implements every _mm512_* and AVX-512VL/VNNI intrinsic with
 // AVX2 ones, lane by lane the same operations, so integer results and each fp32 add, multiply,
 // FMA and conversion are exactly the real instructions': an emulated build gives the real
-// build's bits (slowly). Then the compiler's own AVX-512 macros are defined, so the source
-// takes its AVX-512 branches. Inline asm with EVEX forms (dp_bcast) and register constraints
+// build's bits, slowly (test_emulated_builds_give_the_real_builds_bits checks it on CPUs with
+// AVX-512). Then the compiler's own AVX-512 macros are defined, so the source takes its
+// AVX-512 branches. Inline asm with EVEX forms (dp_bcast) and register constraints
 // on 512-bit values have intrinsic fallbacks under SPECDEC_EMULATED.
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
