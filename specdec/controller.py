@@ -89,7 +89,7 @@ class _Ema:
     count: int = 0
     seen: int = 0  # the round of the last sample
 
-    def add(self, x: float, now: int = 0) -> None:
+    def add(self, x: float, now: int) -> None:
         self.count += 1
         stale = min(1.0, max(0.0, 2.0 * (now - self.seen) / STALE_ROUNDS - 1.0))
         w = max(self.weight, 1.0 / self.count, stale)
