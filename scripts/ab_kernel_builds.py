@@ -70,7 +70,7 @@ def report(title: str, times: dict, sizes, names) -> None:
         print(f"  {name}: " + "  ".join(cells))
 
 
-def products(libs: dict, rounds: int) -> None:
+def products(libs: dict, rounds: int, same_bits: bool) -> None:
     ops.set_num_threads(2)
     mats = {  # (weight, calls per timing): ~100-200 MB of weights a timing
         "Q4_K 4096x1536, cached": (random_weight(Q.Q4_K, 4096, 1536), 35),
@@ -95,7 +95,7 @@ def products(libs: dict, rounds: int) -> None:
                     for _ in range(calls):
                         gk.linear(x, tiled[name])
                     times.setdefault((name, m), []).append(time.perf_counter() - t0)
-                if not torch.equal(*outs.values()):
+                if same_bits and not torch.equal(*outs.values()):
                     raise SystemExit(f"{title}, {m} rows: the builds' bits differ")
         report(title, times, ROWS, libs)
 
@@ -150,7 +150,7 @@ def main() -> None:
         raise SystemExit(f"no kernels to compare: {kernels.status()}")
     print(f"new: {args.new or kernels.status()}; old: {args.old}")
     libs = {"old": load(args.old), "new": new}
-    products(libs, args.rounds)
+    products(libs, args.rounds, not args.other_bits)
     if args.models:
         models(libs, args.rounds, args.context, not args.other_bits)
 

@@ -81,6 +81,7 @@ def transformers_source(path: str | Path) -> tuple[Path, dict]:
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
 _SCALARS[12] = "d"
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass
@@ -107,24 +108,38 @@ class GGUFFile:
         if magic != b"GGUF":
             raise GGUFError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
         self.data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views
+        # the header is read through a plain buffer: a numpy slice per value cost ~2 us, and a
+        # Qwen file's tokenizer arrays hold 300K strings (1.1 s a file, now ~0.1 s)
+        self._buf = memoryview(self.data)
         self._pos = 4
         try:
             self._parse()
         except (struct.error, OverflowError, MemoryError):
             raise GGUFError(f"{path}: truncated or corrupt GGUF header") from None
+        finally:
+            self._buf.release()  # (a live view would keep the mapping alive)
 
     def _take(self, fmt: str):
-        vals = struct.unpack_from("<" + fmt, self.data, self._pos)
+        vals = struct.unpack_from("<" + fmt, self._buf, self._pos)
         self._pos += struct.calcsize("<" + fmt)
         return vals[0] if len(vals) == 1 else vals
 
     def _string(self) -> str:
         n = self._take("Q")
-        if self._pos + n > len(self.data):
+        if self._pos + n > len(self._buf):
             raise struct.error("string past the end")
-        raw = self.data[self._pos : self._pos + n].tobytes()
+        raw = self._buf[self._pos : self._pos + n].tobytes()
         self._pos += n
         return raw.decode("utf-8", "replace")
+
+    def _skip_strings(self, count: int) -> None:
+        """Past ``count`` strings (an array's: the tokens, the merges) without decoding them."""
+        length, buf, pos, end = _U64.unpack_from, self._buf, self._pos, len(self._buf)
+        for _ in range(count):
+            pos += 8 + length(buf, pos)[0]
+            if pos > end:
+                raise struct.error("string past the end")
+        self._pos = pos
 
     def _value(self, vtype: int):
         if vtype in _SCALARS:
@@ -136,10 +151,12 @@ class GGUFFile:
         item, count = self._take("IQ")
         if item in _SCALARS:  # skipped, not decoded: no array is needed to run the model
             self._pos += count * struct.calcsize(_SCALARS[item])
+        elif item == _STRING:
+            self._skip_strings(count)
         else:
             for _ in range(count):
                 self._value(item)
-        if self._pos > len(self.data):
+        if self._pos > len(self._buf):
             raise struct.error("array past the end")
         return None
 

@@ -659,6 +659,23 @@ def test_truncated_file(tmp_path, files):
     one_line(ei, "past the end of the file", head_type)
 
 
+def test_a_cut_or_corrupt_string_array_is_a_corrupt_header(tmp_path, files):
+    """The tokenizer's string arrays are skipped by their lengths, unread: a file cut inside
+    one, or one of its lengths pointing past the end, is still a one-line error."""
+    data = files["llama"].read_bytes()
+    first = data.index(b"<|endoftext|>")  # the token list's first string, after its length
+    cut = tmp_path / "cut_in_tokens.gguf"
+    cut.write_bytes(data[: first + 40])
+    long = bytearray(data)
+    long[first - 8 : first] = (len(data) * 2).to_bytes(8, "little")
+    bad = tmp_path / "long_string.gguf"
+    bad.write_bytes(bytes(long))
+    for path in (cut, bad):
+        with pytest.raises(GGUFError) as ei:
+            GGUFModel(path)
+        one_line(ei, str(path), "truncated or corrupt GGUF header")
+
+
 def test_shapes_disagree_with_metadata(tmp_path):
     path = write_gguf(tmp_path / "s.gguf", "qwen2", {r: T.Q8_0 for r in ROLES},
                       shapes={"ffn_down": (HIDDEN, INTER + 256)})  # fmt: skip

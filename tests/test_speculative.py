@@ -4,6 +4,8 @@ is token-identical to AR, batches equal single prompts, and stops behave as in A
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from stats import chi_square_pvalue, exact_sequence_probs, seeded
 
@@ -258,6 +260,37 @@ def test_draft_with_a_different_tokenizer_is_refused(tiny_dirs, tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ValueError, match="tokenizer differs"):
         LLM(tiny_dirs["llama"], draft_model=other, method="sd", dtype="float32")
+
+
+def test_a_draft_with_the_targets_tokenizer_files_skips_loading_them(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    """Byte-identical tokenizer files mean the same vocabulary: the check loads no second
+    tokenizer. Any file that differs (here one more file) sends it to the full
+    comparison of the vocabularies, which this draft passes."""
+    import shutil
+
+    from specdec import tokenizer
+
+    loaded = []
+    real_init = tokenizer.Tokenizer.__init__
+
+    def counting_init(self, folder):
+        loaded.append(Path(folder))
+        real_init(self, folder)
+
+    monkeypatch.setattr(tokenizer.Tokenizer, "__init__", counting_init)
+    same = tmp_path / "same"
+    shutil.copytree(tiny_dirs["draft"], same)
+    for name in tokenizer.TOKENIZER_FILES:
+        if (tiny_dirs["llama"] / name).exists():
+            shutil.copy(tiny_dirs["llama"] / name, same / name)
+    LLM(tiny_dirs["llama"], draft_model=same, method="sd", dtype="float32")
+    assert loaded == [Path(tiny_dirs["llama"])]
+    loaded.clear()
+    (same / "special_tokens_map.json").write_text("{}")  # one more file: compared in full
+    LLM(tiny_dirs["llama"], draft_model=same, method="sd", dtype="float32")
+    assert loaded == [Path(tiny_dirs["llama"]), same]
 
 
 def test_draft_with_padded_vocabulary_is_fine(tiny_dirs, tiny_llm, tmp_path):
