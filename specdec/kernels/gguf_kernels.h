@@ -7,7 +7,7 @@
 // For each weight row and group the block is unpacked once into a small buffer in L1 (quants as
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
-// One x row of Q4_K/Q6_K (a decode step) skips the buffer: rows_one reads each block in place.
+// One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
 // Loaded natively, Q4_K, Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
 // R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
 // extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
@@ -150,13 +150,23 @@ struct TQ3_K {  // hmask[32], qs[64], scales[12], d; q = 2 bits | hmask bit << 2
                 st(u.q + 128 * h + 32 * s, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)));
             }
         }
-        const uint8_t *s = b + 96;  // 16 6-bit scales: low nibbles in 0-7, top bits in 8-11
-        for (int i = 0; i < 16; i++) {
-            const int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
-            const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-            u.sc[i] = (int16_t)((lo | hi << 4) - 32), u.mn[i] = 0;
-        }
+        st(u.sc, scales(b + 96));
+        st(u.mn, _mm256_setzero_si256());
         u.d = u.dmin = f16(b + 108), u.off = 4, u.oshift = 2, u.mins = false;
+    }
+    // the 16 signed scales (6 bits, - 32) as int16: scale i's low nibble is nibble i / 8 of
+    // byte i % 8, its top two bits are bits 2 (i / 4) of byte 8 + i % 4; four at a time in
+    // 32-bit words (a scalar loop over the 16 had cost more than the block's dot product)
+    static inline __m256i scales(const uint8_t *s) {
+        uint32_t a[3];
+        memcpy(a, s, 12);
+        const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+        const uint64_t lo = (uint64_t)((a[1] & m4) | ((a[2] >> 2 & m2) << 4)) << 32 |
+                            ((a[0] & m4) | ((a[2] & m2) << 4));
+        const uint64_t hi = (uint64_t)((a[1] >> 4 & m4) | ((a[2] >> 6 & m2) << 4)) << 32 |
+                            ((a[0] >> 4 & m4) | ((a[2] >> 4 & m2) << 4));
+        const __m128i v = _mm_set_epi64x((long long)hi, (long long)lo);
+        return _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), _mm256_set1_epi16(32));
     }
 };
 
@@ -582,10 +592,89 @@ static inline KSums ints(TQ6_K, const uint8_t *b, const int8_t *xq, const int16_
     return {isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, ld(s16)), 5), d, d};  // off 32
 }
 
+// Q5_K: Q4_K's scales and mins, the fifth bit of k 32i + l in bit i of qh[l]
+static inline KSums ints(TQ5_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
+                         const int16_t *e2, const int16_t *e8) {
+    uint32_t a[3];
+    memcpy(a, b + 4, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
+    const uint64_t sc8 = (uint64_t)((a[2] & m4) | ((a[0] >> 2) & top)) << 32 | (a[0] & m6);
+    const __m256i sc = _mm256_mullo_epi16(
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e8)));
+    const __m256i mn =
+        _mm256_mullo_epi16(twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)), ld(e2));
+    const __m256i low4 = bytes(15), b4 = bytes(16), qh = ld(b + 16);
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {  // as Q4_K's, each quant with its fifth bit
+        const __m256i v = ld(b + 48 + 32 * c);
+        const __m256i hl = _mm256_and_si256(_mm256_slli_epi16(srl16(qh, 2 * c), 4), b4);
+        const __m256i hh = _mm256_and_si256(_mm256_slli_epi16(srl16(qh, 2 * c + 1), 4), b4);
+        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, low4), hl);
+        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(srl16(v, 4), low4), hh);
+        const __m256i p0 = _mm256_maddubs_epi16(q0, ld(xq + 64 * c));
+        const __m256i p1 = _mm256_maddubs_epi16(q1, ld(xq + 64 * c + 32));
+        const __m256i s0 = _mm256_shuffle_epi8(sc, word_pick(2 * c, 2 * c));
+        const __m256i s1 = _mm256_shuffle_epi8(sc, word_pick(2 * c + 1, 2 * c + 1));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p0, s0));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p1, s1));
+    }
+    return {isum, _mm256_madd_epi16(mn, ld(s16)), f16(b), f16(b + 2)};
+}
+
+// Q2_K and Q3_K: a scale (Q2_K: and a min) per 16 k, as KBuf holds them; the 32 k of chunk
+// (h, s) are bits 2s, 2s + 1 of qs[32h ..] (Q3_K: with bit 4h + s of hmask as the third)
+static inline KSums ints(TQ2_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
+                         const int16_t *e2, const int16_t *) {
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b));
+    const __m256i e = ld(e2);
+    const __m256i sc = _mm256_mullo_epi16(_mm256_and_si256(sm, _mm256_set1_epi16(15)), e);
+    const __m256i mn = _mm256_mullo_epi16(_mm256_srli_epi16(sm, 4), e);
+    const __m256i m2 = bytes(3);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i v = ld(b + 16 + 32 * h);
+        for (int s = 0; s < 4; s++) {
+            const __m256i q = _mm256_and_si256(srl16(v, 2 * s), m2);
+            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
+            isum = _mm256_add_epi32(isum,
+                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+        }
+    }
+    return {isum, _mm256_madd_epi16(mn, ld(s16)), f16(b + 80), f16(b + 82)};
+}
+static inline KSums ints(TQ3_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
+                         const int16_t *e2, const int16_t *) {
+    const __m256i sc = _mm256_mullo_epi16(TQ3_K::scales(b + 96), ld(e2));
+    const __m256i m2 = bytes(3), m1 = bytes(1), hm = ld(b);
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i v = ld(b + 32 + 32 * h);
+        for (int s = 0; s < 4; s++) {
+            const __m256i lo = _mm256_and_si256(srl16(v, 2 * s), m2);
+            const __m256i hi = _mm256_and_si256(srl16(hm, 4 * h + s), m1);
+            const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
+            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
+            isum = _mm256_add_epi32(isum,
+                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+        }
+    }
+    const float d = f16(b + 108);
+    return {isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, ld(s16)), 2), d, d};  // off 4
+}
+
 template <class T>
 constexpr bool ONE_ROW = false;  // the types with ints(): rows_one at M = 1
 template <>
+constexpr bool ONE_ROW<TQ2_K> = true;
+template <>
+constexpr bool ONE_ROW<TQ3_K> = true;
+template <>
 constexpr bool ONE_ROW<TQ4_K> = true;
+template <>
+constexpr bool ONE_ROW<TQ5_K> = true;
 template <>
 constexpr bool ONE_ROW<TQ6_K> = true;
 
@@ -721,7 +810,7 @@ static void rows(const Job &j, long n0, long n1) {
     }
 }
 
-// one x row (a decode step), Q4_K/Q6_K: the same FMAs as rows<KInt<T>> per (n, group), with
+// one x row (a decode step), the K-quants: the same FMAs as rows<KInt<T>> per (n, group), with
 // the accumulators in registers and the block read in place
 template <class T>
 static void rows_one(const Job &j, long n0, long n1) {
@@ -759,7 +848,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
-enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q4_K_R8 = 112, Q6_K_R8 = 114 };  // tiles: type + 100
+enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114 };  // tiles: type + 100
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
@@ -933,6 +1022,303 @@ struct R8Q4_K {
                     for (int i = 0; i < 4; i++)
                         tg[128 + 32 * (4 * j + t) + 4 * r + i] = (uint8_t)(
                             q[r][32 * j + 4 * t + i] | q[r][32 * j + 16 + 4 * t + i] << 4);
+    }
+};
+
+// Q3_K tile-group, 8 * 110 bytes: d[8] (fp16), the 12 scale bytes of each row as three 32-bit
+// words a0[8], a1[8], a2[8] (as R8Q4_K's), then block by block (96 bytes at 112 + 96j) two
+// vectors of the quants' low 2 bits (v: steps 4v .. 4v + 3 in bits 0-1, 2-3, 4-5, 6-7) and
+// one of their third bits (bit st: step st's). q = low bits | third bit << 2 is the file's
+// q + 4 (unsigned); scales per 16 k, signed, as R8Q6_K's: the same integer arithmetic with
+// offset 4, and one sub-block's four steps fit an int16 sum (<= 4 * 2 * 7 * 127).
+struct R8Q3_K {
+    static constexpr int QK = 256, BYTES = 110, TG = 8 * 110;
+    static constexpr bool MINS = false;
+    typedef TQ3_K Base;
+    static void head(const uint8_t *tg, R8Group &u) {
+        u.d = u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        // TQ3_K::scales' words for the 8 rows at once: lane r, byte q = scale 4h + q of row r
+        const __m256i a0 = ld(tg + 16), a1 = ld(tg + 48), a2 = ld(tg + 80);
+        const __m256i m4 = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
+        auto top = [&](int n) { return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, n), m2), 4); };
+        const __m256i v[4] = {
+            _mm256_or_si256(_mm256_and_si256(a0, m4), top(0)),
+            _mm256_or_si256(_mm256_and_si256(a1, m4), top(2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), m4), top(4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), m4), top(6)),
+        };
+        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        __m128i js[16];  // sub-block i's scale (6 bits - 32) of row r in byte r
+        for (int h = 0; h < 4; h++) {
+            const __m256i t = _mm256_sub_epi8(_mm256_shuffle_epi8(v[h], tr), bytes(32));
+            const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+            const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
+            js[4 * h] = j01, js[4 * h + 1] = _mm_srli_si128(j01, 8);
+            js[4 * h + 2] = j23, js[4 * h + 3] = _mm_srli_si128(j23, 8);
+        }
+        for (int i = 0; i < 16; i++) {
+#if defined(__AVX512VNNI__)
+            u.sc32[i] = _mm256_cvtepi8_epi32(js[i]);
+#else
+            u.sc[i] = pairs_i8(js[i]);
+#endif
+        }
+        for (int j = 0; j < 8; j++)
+            u.sc2[j] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(js[2 * j], js[2 * j + 1]));
+    }
+    static constexpr int lo(int j) { return 112 + 96 * j; }  // block j's low-bit vectors
+    static constexpr int hi(int j) { return lo(j) + 64; }    // its third bits
+    static inline __m256i step(const uint8_t *tg, int j, int st, __m256i h) {
+        const __m256i v = ld(tg + lo(j) + 32 * (st / 4));
+        const int t = st % 4;
+        const __m256i low = t == 0   ? v
+                            : t == 1 ? _mm256_srli_epi16(v, 2)
+                            : t == 2 ? _mm256_srli_epi16(v, 4)
+                                     : _mm256_srli_epi16(v, 6);
+        const __m256i third = st == 0   ? _mm256_slli_epi16(h, 2)
+                              : st == 1 ? _mm256_slli_epi16(h, 1)
+                              : st == 2 ? h
+                              : st == 3 ? _mm256_srli_epi16(h, 1)
+                              : st == 4 ? _mm256_srli_epi16(h, 2)
+                              : st == 5 ? _mm256_srli_epi16(h, 3)
+                              : st == 6 ? _mm256_srli_epi16(h, 4)
+                                        : _mm256_srli_epi16(h, 5);
+        return _mm256_or_si256(_mm256_and_si256(low, bytes(3)),
+                               _mm256_and_si256(third, bytes(4)));
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
+        const __m256i h = ld(tg + hi(j));
+#pragma GCC unroll 8  // constant shifts: GCC, left to itself, kept the loop and branched
+        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st, h);
+    }
+    // S minus the offset: 4 * sum_i sc_i * (x's sum over sub-block i), for sub-blocks 2j, 2j + 1
+    static inline __m256i offset(const R8Group &u, const int16_t *s16, int j, __m256i S) {
+        int32_t pair;
+        memcpy(&pair, s16 + 2 * j, 4);
+        const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
+        return _mm256_sub_epi32(S, _mm256_slli_epi32(O, 2));
+    }
+    static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                           const float *ef, const int16_t *s16, int j, __m256 &T) {
+#if defined(__AVX512VNNI__)
+        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
+        for (int s = 0; s < 4; s++) {
+            dp_bcast(S0, w[s], xq + 4 * s);
+            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
+        }
+        __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
+                                     _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+#else
+        __m256i S = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {  // sub-block 2j + half: four steps in int16
+            __m256i P = _mm256_setzero_si256();
+            for (int s = 4 * half; s < 4 * half + 4; s++)
+                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
+            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + half]));
+        }
+#endif
+        S = offset(u, s16, j, S);
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+    }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once, sub-block by sub-block (R8Q5_K::dot_rows' sweeps)
+    static constexpr int SWEEP = 4;
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(
+        const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
+        const float *const *ef, const int16_t *const *s16, long mc, __m256 *T) {
+        const __m256i h = ld(tg + hi(j));
+        __m256i S[MC];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m256i P[MC];
+#pragma GCC unroll 4  // (as in steps)
+            for (int t = 0; t < 4; t++) {
+                const int st = 4 * half + t;
+                const __m256i w = step(tg, j, st, h);
+                for (long m = 0; m < mc; m++) {
+                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
+                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
+                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
+                }
+            }
+            for (long m = 0; m < mc; m++) {
+                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[2 * j + half]);
+                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
+            }
+        }
+        for (long m = 0; m < mc; m++) {
+            const __m256i Sm = offset(u, s16[m], j, S[m]);
+            T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Sm), _mm256_set1_ps(ef[m][j]), T[m]);
+        }
+    }
+#endif
+    // row r of a tile-group as the file's block (dequantize, tests)
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memset(b, 0, 96);  // hmask[32], qs[64]: or-ed below
+        for (int w = 0; w < 3; w++) memcpy(b + 96 + 4 * w, tg + 16 + 32 * w + 4 * r, 4);
+        memcpy(b + 108, tg + 2 * r, 2);
+        for (int k = 0; k < G; k++) {  // the file's k 128h + 32s + l: bits 2s of qs[32h + l],
+            const int j = k / 32, st = k % 32 / 4, i = k % 4;  // bit 4h + s of hmask[l]
+            const int low = tg[lo(j) + 32 * (st / 4) + 4 * r + i] >> 2 * (st % 4) & 3;
+            const int third = tg[hi(j) + 4 * r + i] >> st & 1;
+            const int h = k / 128, s = k % 128 / 32, l = k % 32;
+            b[32 + 32 * h + l] |= (uint8_t)(low << 2 * s);
+            b[l] |= (uint8_t)(third << (4 * h + s));
+        }
+    }
+    // the file's blocks of rows r0..r0+7 (group g) -> a tile-group
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        uint8_t q[8][G];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b + 108, 2);
+            for (int w = 0; w < 3; w++) memcpy(tg + 16 + 32 * w + 4 * r, b + 96 + 4 * w, 4);
+            KBuf u;
+            TQ3_K::parts(b, u);
+            memcpy(q[r], u.q, G);
+        }
+        memset(tg + lo(0), 0, TG - lo(0));
+        for (int j = 0; j < 8; j++)
+            for (int st = 0; st < 8; st++)
+                for (int r = 0; r < 8; r++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = q[r][32 * j + 4 * st + i];  // 0..7
+                        tg[lo(j) + 32 * (st / 4) + 4 * r + i] |= (uint8_t)((v & 3) << 2 * (st % 4));
+                        tg[hi(j) + 4 * r + i] |= (uint8_t)((v >> 2) << st);
+                    }
+    }
+};
+
+// Q5_K tile-group, 8 * 176 bytes: R8Q4_K's head (128 bytes), then block by block (160 bytes at
+// 128 + 160j) R8Q4_K's 4 nibble vectors and one of the fifth bits (bit st of byte 4r + i: step
+// st's), in the order the kernel reads them. q < 32, so four steps' maddubs fit an int16 sum
+// (<= 4 * 2 * 31 * 127) where Q4_K's eight do: two madds with the block's scales a row and
+// block. The integers, then one conversion and FMA a block, are Q4_K's: AVX2's and VNNI's bits
+// are the same.
+struct R8Q5_K {
+    static constexpr int QK = 256, BYTES = 176, TG = 8 * 176;
+    static constexpr bool MINS = true;
+    typedef TQ5_K Base;
+    static void head(const uint8_t *tg, R8Group &u) { R8Q4_K::head(tg, u); }
+    static constexpr int lo(int j) { return 128 + 160 * j; }  // block j's nibble vectors
+    static constexpr int hi(int j) { return lo(j) + 128; }     // its fifth bits
+    static inline __m256i fifth(__m256i h, int st) {  // step st's fifth bits at bit 4
+        const __m256i v = st == 0   ? _mm256_slli_epi16(h, 4)
+                          : st == 1 ? _mm256_slli_epi16(h, 3)
+                          : st == 2 ? _mm256_slli_epi16(h, 2)
+                          : st == 3 ? _mm256_slli_epi16(h, 1)
+                          : st == 4 ? h
+                          : st == 5 ? _mm256_srli_epi16(h, 1)
+                          : st == 6 ? _mm256_srli_epi16(h, 2)
+                                    : _mm256_srli_epi16(h, 3);
+        return _mm256_and_si256(v, bytes(16));
+    }
+    static inline __m256i step(const uint8_t *tg, int j, int st, __m256i h) {
+        const __m256i v4 = ld(tg + lo(j) + 32 * (st % 4));
+        return _mm256_or_si256(_mm256_and_si256(st < 4 ? v4 : srl16(v4, 4), bytes(15)),
+                               fifth(h, st));
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
+        const __m256i h = ld(tg + hi(j));
+#pragma GCC unroll 8  // constant shifts: GCC, left to itself, kept the loop and branched
+        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st, h);
+    }
+    static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                           const float *ef, const int16_t *, int j, __m256 &T) {
+#if defined(__AVX512VNNI__)
+        __m256i S2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // as R8Q4_K's
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        const __m256i S = _mm256_add_epi32(S2[0], S2[1]);
+        const __m256 Ss = _mm256_mul_ps(_mm256_cvtepi32_ps(S), u.scf[j]);
+        T = _mm256_fmadd_ps(Ss, _mm256_set1_ps(ef[j]), T);
+#else
+        __m256i S = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {
+            __m256i P = _mm256_setzero_si256();
+            for (int s = 4 * half; s < 4 * half + 4; s++)
+                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
+            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[j]));
+        }
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+#endif
+    }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons), half a block at a time. A
+    // row's int16 and int32 sums and its float one are live at once: past 4 rows the 16
+    // registers spilled (in L1, 5 rows: 25.8 cycles a row and block; in sweeps of 4, 16.6)
+    static constexpr int SWEEP = 4;
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(
+        const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
+        const float *const *ef, const int16_t *const *, long mc, __m256 *T) {
+        const __m256i h = ld(tg + hi(j));
+        __m256i S[MC];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m256i P[MC];
+#pragma GCC unroll 4  // (as in steps)
+            for (int t = 0; t < 4; t++) {
+                const int st = 4 * half + t;
+                const __m256i w = step(tg, j, st, h);
+                for (long m = 0; m < mc; m++) {
+                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
+                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
+                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
+                }
+            }
+            for (long m = 0; m < mc; m++) {
+                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[j]);
+                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
+            }
+        }
+        for (long m = 0; m < mc; m++)
+            T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_set1_ps(ef[m][j]), T[m]);
+    }
+#endif
+    // row r of a tile-group as the file's block (dequantize, tests)
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memcpy(b, tg + 2 * r, 2);
+        memcpy(b + 2, tg + 16 + 2 * r, 2);
+        for (int w = 0; w < 3; w++) memcpy(b + 4 + 4 * w, tg + 32 + 32 * w + 4 * r, 4);
+        uint8_t q[G];
+        for (int k = 0; k < G; k++) {
+            const int j = k / 32, st = k % 32 / 4, i = k % 4;
+            const uint8_t v = tg[lo(j) + 32 * (st % 4) + 4 * r + i];
+            const int top = tg[hi(j) + 4 * r + i] >> st & 1;
+            q[k] = (uint8_t)((st < 4 ? v & 15 : v >> 4) | top << 4);
+        }
+        memset(b + 16, 0, 32);  // qh: bit i of byte l is the fifth bit of k 32i + l
+        for (int k = 0; k < G; k++) b[16 + k % 32] |= (uint8_t)((q[k] >> 4) << (k / 32));
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                b[48 + 32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+    }
+    // the file's blocks of rows r0..r0+7 (group g) -> a tile-group
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        uint8_t q[8][G];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b, 2);
+            memcpy(tg + 16 + 2 * r, b + 2, 2);
+            for (int w = 0; w < 3; w++) memcpy(tg + 32 + 32 * w + 4 * r, b + 4 + 4 * w, 4);
+            KBuf u;
+            TQ5_K::parts(b, u);
+            memcpy(q[r], u.q, G);
+        }
+        for (int j = 0; j < 8; j++) {
+            uint8_t *h = tg + hi(j);
+            memset(h, 0, 32);
+            for (int t = 0; t < 4; t++)
+                for (int r = 0; r < 8; r++)
+                    for (int i = 0; i < 4; i++) {  // steps t and t + 4
+                        const uint8_t a = q[r][32 * j + 4 * t + i];
+                        const uint8_t c = q[r][32 * j + 16 + 4 * t + i];
+                        tg[lo(j) + 32 * t + 4 * r + i] = (uint8_t)((a & 15) | (c & 15) << 4);
+                        h[4 * r + i] |= (uint8_t)((a >> 4) << t | (c >> 4) << (t + 4));
+                    }
+        }
     }
 };
 
@@ -1211,6 +1597,10 @@ template <>
 constexpr bool TILED<R8Q4_0> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
+template <>
+constexpr bool TILED<R8Q3_K> = true;
+template <>
+constexpr bool TILED<R8Q5_K> = true;
 template <>
 constexpr bool TILED<R8Q6_K> = true;
 
@@ -1770,6 +2160,8 @@ static bool with_type(int qtype, F &&f) {
         case Q4_0_R8: f(R8Q4_0{}); return true;
         case Q5_0_R8: f(R8Q5_0{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
+        case Q3_K_R8: f(R8Q3_K{}); return true;
+        case Q5_K_R8: f(R8Q5_K{}); return true;
         case Q6_K_R8: f(R8Q6_K{}); return true;
         default: return false;
     }
@@ -1943,6 +2335,8 @@ static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
     if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
+    if (qtype == Q3_K) return repack<R8Q3_K>(w, N, K, nt), Q3_K_R8;
+    if (qtype == Q5_K) return repack<R8Q5_K>(w, N, K, nt), Q5_K_R8;
     if (qtype == Q6_K) return repack<R8Q6_K>(w, N, K, nt), Q6_K_R8;
     return -1;
 }
