@@ -38,8 +38,8 @@ SUPPORTED: frozenset[int] = frozenset(  # the file types we multiply
 )
 FLOATS = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))  # int8_x does not apply to these
 # the file's type -> our layout of it in 8-row tiles (``repack``; codes of gguf_kernels.h)
-TILED = {int(Q.Q4_0): 102, int(Q.Q5_0): 106, int(Q.Q3_K): 111, int(Q.Q4_K): 112}
-TILED |= {int(Q.Q5_K): 113, int(Q.Q6_K): 114}
+TILED = {int(t): code for t, code in ((Q.Q4_0, 102), (Q.Q5_0, 106), (Q.Q2_K, 110), (Q.Q3_K, 111))}
+TILED |= {int(t): code for t, code in ((Q.Q4_K, 112), (Q.Q5_K, 113), (Q.Q6_K, 114))}
 FILE_TYPE = {tiled: file for file, tiled in TILED.items()}
 K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 K_QUANTS |= {t for t, f in FILE_TYPE.items() if f in K_QUANTS}

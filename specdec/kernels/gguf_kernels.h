@@ -848,7 +848,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
-enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114 };  // tiles: type + 100
+enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114 };  // tiles: type + 100
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
@@ -928,6 +928,14 @@ struct R8Q4_K {
                     u.mn[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
             }
         }
+    }
+    // the mins' sum of group g for x row m: mn_j * (e_j * x's sum over block j), j by j
+    static inline __attribute__((always_inline)) __m256 mins(const R8Group &u, const XRows &x,
+                                                             long m, long g) {
+        const float *es = x.es + m * (x.KP / 32) + g * 8;
+        __m256 U = _mm256_setzero_ps();
+        for (int jb = 0; jb < 8; jb++) U = _mm256_fmadd_ps(u.mn[jb], _mm256_set1_ps(es[jb]), U);
+        return U;
     }
     static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
         const __m256i low4 = bytes(15);
@@ -1022,6 +1030,147 @@ struct R8Q4_K {
                     for (int i = 0; i < 4; i++)
                         tg[128 + 32 * (4 * j + t) + 4 * r + i] = (uint8_t)(
                             q[r][32 * j + 4 * t + i] | q[r][32 * j + 16 + 4 * t + i] << 4);
+    }
+};
+
+// Q2_K tile-group, 8 * 84 bytes: d[8], dmin[8] (fp16), the scale bytes as [sub-block i][row]
+// (scale in the low nibble, min in the high one: 128 bytes), then block by block (64 bytes at
+// 160 + 64j) two vectors of the 2-bit quants as R8Q3_K's. A scale and a min per 16 k: the
+// integer sums per sub-block as R8Q3_K's (no offset), and the mins' per block (the pair of
+// sub-blocks' mins against x's sums per 16 k, exact), converted with e_j as Q4_K's are.
+struct R8Q2_K {
+    static constexpr int QK = 256, BYTES = 84, TG = 8 * 84;
+    static constexpr bool MINS = true;
+    typedef TQ2_K Base;
+    static void head(const uint8_t *tg, R8Group &u) {
+        u.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        u.dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tg + 16)));
+        const __m128i m4 = _mm_set1_epi8(15);
+        for (int j = 0; j < 8; j++) {  // sub-blocks 2j, 2j + 1: 8 bytes each (rows)
+            const __m128i v = _mm_loadu_si128((const __m128i *)(tg + 32 + 16 * j));
+            const __m128i sc = _mm_and_si128(v, m4);
+            const __m128i mn = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+#if defined(__AVX512VNNI__)
+            u.sc32[2 * j] = _mm256_cvtepu8_epi32(sc);
+            u.sc32[2 * j + 1] = _mm256_cvtepu8_epi32(_mm_srli_si128(sc, 8));
+#else
+            u.sc[2 * j] = pairs_u8(sc);
+            u.sc[2 * j + 1] = pairs_u8(_mm_srli_si128(sc, 8));
+#endif
+            // lanes 2r, 2r + 1: the two sub-blocks' mins of row r (madd against x's sums)
+            u.sc2[j] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, _mm_srli_si128(mn, 8)));
+        }
+    }
+    // the mins' sum of group g for x row m: e_j * (both sub-blocks' mins against x's sums)
+    static inline __attribute__((always_inline)) __m256 mins(const R8Group &u, const XRows &x,
+                                                             long m, long g) {
+        const int16_t *s16 = x.s16 + m * (x.KP / 16) + g * 16;
+        const float *ef = x.ef + m * (x.KP / 32) + g * 8;
+        __m256 U = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) {
+            int32_t pair;
+            memcpy(&pair, s16 + 2 * j, 4);
+            const __m256i M = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
+            U = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(ef[j]), U);
+        }
+        return U;
+    }
+    static constexpr int lo(int j) { return 160 + 64 * j; }  // block j's two vectors
+    static inline __m256i step(const uint8_t *tg, int j, int st) {
+        const __m256i v = ld(tg + lo(j) + 32 * (st / 4));
+        const int t = st % 4;
+        const __m256i low = t == 0   ? v
+                            : t == 1 ? _mm256_srli_epi16(v, 2)
+                            : t == 2 ? _mm256_srli_epi16(v, 4)
+                                     : _mm256_srli_epi16(v, 6);
+        return _mm256_and_si256(low, bytes(3));
+    }
+    static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
+#pragma GCC unroll 8  // (as R8Q3_K's)
+        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st);
+    }
+    static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                           const float *ef, const int16_t *, int j, __m256 &T) {
+#if defined(__AVX512VNNI__)
+        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
+        for (int s = 0; s < 4; s++) {
+            dp_bcast(S0, w[s], xq + 4 * s);
+            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
+        }
+        const __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
+                                           _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+#else
+        __m256i S = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {  // sub-block 2j + half
+            __m256i P = _mm256_setzero_si256();
+            for (int s = 4 * half; s < 4 * half + 4; s++)
+                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
+            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + half]));
+        }
+#endif
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+    }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once, sub-block by sub-block (R8Q5_K::dot_rows' sweeps)
+    static constexpr int SWEEP = 4;
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(
+        const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
+        const float *const *ef, const int16_t *const *, long mc, __m256 *T) {
+        __m256i S[MC];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; half++) {
+            __m256i P[MC];
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const int st = 4 * half + t;
+                const __m256i w = step(tg, j, st);
+                for (long m = 0; m < mc; m++) {
+                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
+                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
+                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
+                }
+            }
+            for (long m = 0; m < mc; m++) {
+                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[2 * j + half]);
+                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
+            }
+        }
+        for (long m = 0; m < mc; m++)
+            T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_set1_ps(ef[m][j]), T[m]);
+    }
+#endif
+    // row r of a tile-group as the file's block (dequantize, tests)
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        for (int i = 0; i < 16; i++) b[i] = tg[32 + 8 * i + r];  // scales[16]
+        memset(b + 16, 0, 64);
+        for (int k = 0; k < G; k++) {  // the file's k 128h + 32s + l: bits 2s of qs[32h + l]
+            const int j = k / 32, st = k % 32 / 4, i = k % 4;
+            const int v = tg[lo(j) + 32 * (st / 4) + 4 * r + i] >> 2 * (st % 4) & 3;
+            b[16 + 32 * (k / 128) + k % 32] |= (uint8_t)(v << 2 * (k % 128 / 32));
+        }
+        memcpy(b + 80, tg + 2 * r, 2);
+        memcpy(b + 82, tg + 16 + 2 * r, 2);
+    }
+    // the file's blocks of rows r0..r0+7 (group g) -> a tile-group
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        uint8_t q[8][G];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b + 80, 2);
+            memcpy(tg + 16 + 2 * r, b + 82, 2);
+            for (int i = 0; i < 16; i++) tg[32 + 8 * i + r] = b[i];
+            KBuf u;
+            TQ2_K::parts(b, u);
+            memcpy(q[r], u.q, G);
+        }
+        memset(tg + lo(0), 0, TG - lo(0));
+        for (int j = 0; j < 8; j++)
+            for (int st = 0; st < 8; st++)
+                for (int r = 0; r < 8; r++)
+                    for (int i = 0; i < 4; i++)
+                        tg[lo(j) + 32 * (st / 4) + 4 * r + i] |=
+                            (uint8_t)(q[r][32 * j + 4 * st + i] << 2 * (st % 4));
     }
 };
 
@@ -1202,6 +1351,10 @@ struct R8Q5_K {
     static constexpr bool MINS = true;
     typedef TQ5_K Base;
     static void head(const uint8_t *tg, R8Group &u) { R8Q4_K::head(tg, u); }
+    static inline __attribute__((always_inline)) __m256 mins(const R8Group &u, const XRows &x,
+                                                             long m, long g) {
+        return R8Q4_K::mins(u, x, m, g);
+    }
     static constexpr int lo(int j) { return 128 + 160 * j; }  // block j's nibble vectors
     static constexpr int hi(int j) { return lo(j) + 128; }     // its fifth bits
     static inline __m256i fifth(__m256i h, int st) {  // step st's fifth bits at bit 4
@@ -1598,6 +1751,8 @@ constexpr bool TILED<R8Q4_0> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
+constexpr bool TILED<R8Q2_K> = true;
+template <>
 constexpr bool TILED<R8Q3_K> = true;
 template <>
 constexpr bool TILED<R8Q5_K> = true;
@@ -1678,10 +1833,7 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
             const __m256 base = _mm256_set1_ps(x.dx[(m0 + m) * (x.KP / G) + g]);
             A[m] = _mm256_fmadd_ps(Ts[m], _mm256_mul_ps(u.d, base), A[m]);
             if constexpr (T::MINS) {  // the mins' sums, block by block, in a register
-                const float *es = x.es + (m0 + m) * (x.KP / 32) + g * 8;
-                __m256 U = _mm256_setzero_ps();
-                for (int jb = 0; jb < 8; jb++)
-                    U = _mm256_fmadd_ps(u.mn[jb], _mm256_set1_ps(es[jb]), U);
+                const __m256 U = T::mins(u, x, m0 + m, g);
                 B[m] = _mm256_fnmadd_ps(U, _mm256_mul_ps(u.dmin, base), B[m]);
             }
         }
@@ -1740,13 +1892,11 @@ static __attribute__((noinline)) void tile_loop(const Job &j, const uint8_t *til
     tile_any<T, 16>(j, tile, n0, m0, mc);  // mc unknown here: the loops stay loops
 }
 
-// exactly M x rows; with AVX2's 16 vector registers past 8 rows the unrolled sums spill
-// anyway, so there one kernel with a runtime count does 9 .. 16 (AVX-512: 32 registers)
-#if defined(__AVX512VL__)
+// exactly M x rows, each count its own kernel with its loops unrolled. (With AVX2's 16 vector
+// registers past 8 rows the sums spill, yet a runtime count is slower still: GCC had been
+// cloning the runtime-count kernel for each constant count; once the unit grew it stopped,
+// and a 9-row Q4_K product took 1.5x as long.)
 constexpr int EXACT_ROWS = 16;
-#else
-constexpr int EXACT_ROWS = 8;
-#endif
 template <class T, int M>
 static void exact_rows(const Job &j, const uint8_t *tile, long n0, long m0) {
     if constexpr (M <= EXACT_ROWS)
@@ -2160,6 +2310,7 @@ static bool with_type(int qtype, F &&f) {
         case Q4_0_R8: f(R8Q4_0{}); return true;
         case Q5_0_R8: f(R8Q5_0{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
+        case Q2_K_R8: f(R8Q2_K{}); return true;
         case Q3_K_R8: f(R8Q3_K{}); return true;
         case Q5_K_R8: f(R8Q5_K{}); return true;
         case Q6_K_R8: f(R8Q6_K{}); return true;
@@ -2335,6 +2486,7 @@ static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
     if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
+    if (qtype == Q2_K) return repack<R8Q2_K>(w, N, K, nt), Q2_K_R8;
     if (qtype == Q3_K) return repack<R8Q3_K>(w, N, K, nt), Q3_K_R8;
     if (qtype == Q5_K) return repack<R8Q5_K>(w, N, K, nt), Q5_K_R8;
     if (qtype == Q6_K) return repack<R8Q6_K>(w, N, K, nt), Q6_K_R8;
