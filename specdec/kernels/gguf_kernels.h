@@ -8,11 +8,12 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q4_K, Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
-// R8Q6_K, R8B32 below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
+// Loaded natively, Q2_K-Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
+// R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
 // extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
 // on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30). The VNNI build
-// stores all four types' tiles in pairs and multiplies 16 rows per 512-bit instruction (Pair).
+// stores Q4_0, Q5_0, Q4_K and Q6_K tiles in pairs and multiplies 16 rows per 512-bit
+// instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
