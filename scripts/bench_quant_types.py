@@ -36,9 +36,12 @@ sys.exit(llama_cpp.llama_model_quantize(src, dst, ctypes.byref(p)))
 
 def requantized(source: Path, kind: str, folder: Path) -> Path:
     """The target as ``kind``, made once (llama.cpp's log goes to a file beside it)."""
-    out = folder / f"{source.stem.replace('q4_k_m', kind)}.gguf"
     if kind == "q4_k_m":
         return source
+    stem = source.stem
+    out = folder / (
+        f"{stem.replace('q4_k_m', kind)}.gguf" if "q4_k_m" in stem else f"{stem}-{kind}.gguf"
+    )
     if out.exists():
         return out
     folder.mkdir(parents=True, exist_ok=True)
@@ -97,6 +100,10 @@ def main() -> None:
     from specdec.paths import specdec_home
     from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise SystemExit("needs llama-cpp-python (the peers): ./scripts/setup.sh --peers") from None
     kinds = [k.strip().lower() for k in args.types.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in FTYPES]
     if unknown:

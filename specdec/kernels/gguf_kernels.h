@@ -9,11 +9,11 @@
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
 // Loaded natively, Q2_K-Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
-// R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows by one x row, so
-// extra x rows cost only their multiplies (the default target's 5-token pass: 174 -> 105 ms
-// on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of ~26-30). The VNNI build
-// stores Q4_0, Q5_0, Q4_K and Q6_K tiles in pairs and multiplies 16 rows per 512-bit
-// instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
+// R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows
+// by one x row, so extra x rows cost only their multiplies (the default target's 5-token
+// pass: 174 -> 105 ms on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of
+// ~26-30). The VNNI build stores Q4_0, Q5_0, Q4_K and Q6_K tiles in pairs and multiplies 16
+// rows per 512-bit instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
 // or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
@@ -849,7 +849,10 @@ static void rows_one(const Job &j, long n0, long n1) {
 // then madd with the block's scales as int16 lanes), exact; then in fp32 T += e_j * S and (mins)
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
-enum : int { Q4_0_R8 = 102, Q5_0_R8 = 106, Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114 };  // tiles: type + 100
+enum : int {  // tiles: the file's type + 100
+    Q4_0_R8 = 102, Q5_0_R8 = 106,
+    Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114
+};
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
     __m256i sc2[8];  // Q6_K: lanes 2r, 2r+1 = sub-blocks 2j, 2j+1's scales (the offsets)
@@ -1190,7 +1193,9 @@ struct R8Q3_K {
         // TQ3_K::scales' words for the 8 rows at once: lane r, byte q = scale 4h + q of row r
         const __m256i a0 = ld(tg + 16), a1 = ld(tg + 48), a2 = ld(tg + 80);
         const __m256i m4 = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
-        auto top = [&](int n) { return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, n), m2), 4); };
+        auto top = [&](int n) {  // bits n, n + 1 of a2's bytes -> bits 4, 5
+            return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(a2, n), m2), 4);
+        };
         const __m256i v[4] = {
             _mm256_or_si256(_mm256_and_si256(a0, m4), top(0)),
             _mm256_or_si256(_mm256_and_si256(a1, m4), top(2)),
@@ -1447,7 +1452,8 @@ struct R8Q5_K {
         for (int k = 0; k < G; k++) b[16 + k % 32] |= (uint8_t)((q[k] >> 4) << (k / 32));
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
-                b[48 + 32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+                b[48 + 32 * c + l] =
+                    (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
     }
     // the file's blocks of rows r0..r0+7 (group g) -> a tile-group
     static void pack(const uint8_t *const *blocks, uint8_t *tg) {
