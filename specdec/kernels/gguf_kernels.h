@@ -541,18 +541,25 @@ struct KSums {
     float d, dmin;
 };
 
+// Q4_K/Q5_K's 12 scale bytes at s times x's e: sc per 32 k (words 0-7, in both halves), mn
+// per 16 k (each block's twice)
+static inline void k4_scales(const uint8_t *s, const int16_t *e2, const int16_t *e8,
+                             __m256i &sc, __m256i &mn) {
+    uint32_t a[3];
+    memcpy(a, s, 12);
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
+    const uint64_t sc8 = (uint64_t)((a[2] & m4) | ((a[0] >> 2) & top)) << 32 | (a[0] & m6);
+    sc = _mm256_mullo_epi16(
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e8)));
+    mn = _mm256_mullo_epi16(twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)), ld(e2));
+}
+
 // Q4_K: per 32 k one scale (both halves of sv[j] hold it), mins per 32 k twice as ov
 static inline KSums ints(TQ4_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
                          const int16_t *e2, const int16_t *e8) {
-    uint32_t a[3];
-    memcpy(a, b + 4, 12);
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
-    const uint64_t sc8 = (uint64_t)((a[2] & m4) | ((a[0] >> 2) & top)) << 32 | (a[0] & m6);
-    const __m256i sc = _mm256_mullo_epi16(
-        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8))),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e8)));
-    const __m256i mn =
-        _mm256_mullo_epi16(twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)), ld(e2));
+    __m256i sc, mn;
+    k4_scales(b + 4, e2, e8, sc, mn);
     const __m256i low4 = bytes(15);
     __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {  // chunk c's low nibbles are k 64c.., high ones 64c + 32..
@@ -596,15 +603,8 @@ static inline KSums ints(TQ6_K, const uint8_t *b, const int8_t *xq, const int16_
 // Q5_K: Q4_K's scales and mins, the fifth bit of k 32i + l in bit i of qh[l]
 static inline KSums ints(TQ5_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
                          const int16_t *e2, const int16_t *e8) {
-    uint32_t a[3];
-    memcpy(a, b + 4, 12);
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
-    const uint64_t sc8 = (uint64_t)((a[2] & m4) | ((a[0] >> 2) & top)) << 32 | (a[0] & m6);
-    const __m256i sc = _mm256_mullo_epi16(
-        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc8))),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)e8)));
-    const __m256i mn =
-        _mm256_mullo_epi16(twice(a[1] & m6, ((a[2] >> 4) & m4) | ((a[1] >> 2) & top)), ld(e2));
+    __m256i sc, mn;
+    k4_scales(b + 4, e2, e8, sc, mn);
     const __m256i low4 = bytes(15), b4 = bytes(16), qh = ld(b + 16);
     __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {  // as Q4_K's, each quant with its fifth bit
