@@ -575,6 +575,15 @@ static inline KSums ints(TQ4_K, const uint8_t *b, const int8_t *xq, const int16_
     return {isum, _mm256_madd_epi16(mn, ld(s16)), f16(b), f16(b + 2)};
 }
 
+// the types with a scale per 16 k (sc: int16, times e): the 32 k of chunk (h, s), k 128h + 32s
+// .., quants q against x's, times the two sub-blocks' scales, into isum
+static inline __m256i chunk16(__m256i isum, __m256i q, const int8_t *xq, __m256i sc, int h,
+                              int s) {
+    const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+    const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
+    return _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+}
+
 // Q6_K: q = ql nibble | 2 bits of qh << 4 (off 32: ov = 32 * sc), int8 scales per 16 k
 static inline KSums ints(TQ6_K, const uint8_t *b, const int8_t *xq, const int16_t *s16,
                          const int16_t *e2, const int16_t *) {
@@ -583,17 +592,14 @@ static inline KSums ints(TQ6_K, const uint8_t *b, const int8_t *xq, const int16_
     const __m256i low4 = bytes(15), bits45 = bytes(0x30);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {  // k 128h + 32s + l: ql[64h + 32(s&1) + l] nibble s>>1
-        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
         const __m256i qh = ld(b + 128 + 32 * h), l0 = ld(b + 64 * h), l1 = ld(b + 64 * h + 32);
         const __m256i hs[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh,
                                _mm256_srli_epi16(qh, 2)};  // bits 2s, 2s+1 -> bits 4, 5
         for (int s = 0; s < 4; s++) {
             const __m256i ql = s & 1 ? l1 : l0;
             const __m256i lo = _mm256_and_si256(s >> 1 ? srl16(ql, 4) : ql, low4);
-            const __m256i q = _mm256_or_si256(lo, _mm256_and_si256(hs[s], bits45));
-            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
-            isum = _mm256_add_epi32(isum,
-                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+            isum = chunk16(isum, _mm256_or_si256(lo, _mm256_and_si256(hs[s], bits45)), xq, sc, h,
+                           s);
         }
     }
     const float d = f16(b + 208);
@@ -634,14 +640,9 @@ static inline KSums ints(TQ2_K, const uint8_t *b, const int8_t *xq, const int16_
     const __m256i m2 = bytes(3);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
-        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
         const __m256i v = ld(b + 16 + 32 * h);
-        for (int s = 0; s < 4; s++) {
-            const __m256i q = _mm256_and_si256(srl16(v, 2 * s), m2);
-            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
-            isum = _mm256_add_epi32(isum,
-                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
-        }
+        for (int s = 0; s < 4; s++)
+            isum = chunk16(isum, _mm256_and_si256(srl16(v, 2 * s), m2), xq, sc, h, s);
     }
     return {isum, _mm256_madd_epi16(mn, ld(s16)), f16(b + 80), f16(b + 82)};
 }
@@ -651,15 +652,11 @@ static inline KSums ints(TQ3_K, const uint8_t *b, const int8_t *xq, const int16_
     const __m256i m2 = bytes(3), m1 = bytes(1), hm = ld(b);
     __m256i isum = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
-        const __m256i half = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
         const __m256i v = ld(b + 32 + 32 * h);
         for (int s = 0; s < 4; s++) {
             const __m256i lo = _mm256_and_si256(srl16(v, 2 * s), m2);
             const __m256i hi = _mm256_and_si256(srl16(hm, 4 * h + s), m1);
-            const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2));
-            const __m256i p = _mm256_maddubs_epi16(q, ld(xq + 128 * h + 32 * s));
-            isum = _mm256_add_epi32(isum,
-                                    _mm256_madd_epi16(p, _mm256_shuffle_epi8(half, word_pick(s))));
+            isum = chunk16(isum, _mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), xq, sc, h, s);
         }
     }
     const float d = f16(b + 108);
@@ -889,6 +886,36 @@ static inline __m256i pairs_u8(__m128i v8) {  // 8 bytes (low half) -> 16 int16,
 static inline __m256i pairs_i8(__m128i v8) {
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v8, v8));
 }
+// 4 bytes a row (lane r of v) -> out[q]: byte q of the 8 rows, row r in byte r (low 8 bytes)
+static inline void row_bytes(__m256i v, __m128i *out) {
+    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i t = _mm256_shuffle_epi8(v, tr);  // per half: [q0: rows][q1: rows][q2][q3]
+    const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+    const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
+    out[0] = j01, out[1] = _mm_srli_si128(j01, 8), out[2] = j23, out[3] = _mm_srli_si128(j23, 8);
+}
+// int16 lanes 2r, 2r + 1 of u.sc2[j] (row r's values for 16-k sub-blocks 2j, 2j + 1: Q6_K's
+// and Q3_K's scales, Q2_K's mins) against x's sums over those sub-blocks: an int32 a row
+static inline __m256i sc2_x16(const R8Group &u, const int16_t *s16, int j) {
+    int32_t pair;
+    memcpy(&pair, s16 + 2 * j, 4);
+    return _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
+}
+#if defined(__AVX512VNNI__)
+// a block of the types with a scale per 16 k (Q2_K, Q3_K, Q6_K): dpbusd's row sums per
+// sub-block times the row's scale (int32, exact)
+static inline __m256i sub_block_sums(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                                     int j) {
+    __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
+    for (int s = 0; s < 4; s++) {
+        dp_bcast(S0, w[s], xq + 4 * s);
+        dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
+    }
+    return _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
+                            _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+}
+#endif
 
 // Q4_K tile-group, 8 * 144 bytes: d[8], dmin[8] (fp16), the 12 scale bytes of each row as three
 // 32-bit words a0[8], a1[8], a2[8], then 32 vectors: 4j + t holds step t of block j in its low
@@ -912,14 +939,9 @@ struct R8Q4_K {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a2, 4), m4),
                             _mm256_and_si256(_mm256_srli_epi32(a1, 2), top)),  // 4-7
         };
-        // byte j of lanes 0-3 | 4-7 -> per half: [j0: rows][j1: rows][j2][j3]
-        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         for (int h = 0; h < 4; h++) {
-            const __m256i t = _mm256_shuffle_epi8(v[h], tr);
-            const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
-            const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
-            const __m128i js[4] = {j01, _mm_srli_si128(j01, 8), j23, _mm_srli_si128(j23, 8)};
+            __m128i js[4];
+            row_bytes(v[h], js);
             for (int q = 0; q < 4; q++) {  // block 4 * (h & 1) + q: 8 bytes, row r in byte r
                 const int j = 4 * (h & 1) + q;
                 if (h < 2) {
@@ -1037,6 +1059,75 @@ struct R8Q4_K {
     }
 };
 
+// ---- tiles whose int16 sums hold half a block: Q2_K, Q3_K, Q5_K -----------------------------
+// A block's eight steps in two halves of four: a half's int16 sums (<= 4 * 2 * 31 * 127), then
+// a madd with that half's scales (T::half_scale: its 16-k sub-block's, or Q5_K's block scale
+// for both). T::bits(tg, j) is what block j's steps share (their fifth or third bits; nothing
+// for Q2_K), T::step(tg, j, st, bits) step st's unsigned quants.
+template <class T>
+static inline void half_steps(const uint8_t *tg, int j, __m256i (&w)[8]) {
+    const __m256i b = T::bits(tg, j);
+#pragma GCC unroll 8  // constant shifts: GCC, left to itself, kept the loop and branched
+    for (int st = 0; st < 8; st++) w[st] = T::step(tg, j, st, b);
+}
+// bit `from` of h's bytes at bit `to` (the rest 0): a step's fifth or third bit, for constant
+// `from` and `to` (the callers' loops unroll)
+static inline __m256i bit_at(__m256i h, int from, int to) {
+    const int d = to - from;
+    const __m256i v = d > 0 ? _mm256_slli_epi16(h, d) : d < 0 ? _mm256_srli_epi16(h, -d) : h;
+    return _mm256_and_si256(v, bytes(1 << to));
+}
+static inline __m256i two_bits(__m256i v, int t) {  // bits 2t, 2t + 1 of v's bytes
+    const __m256i low = t == 0   ? v
+                        : t == 1 ? _mm256_srli_epi16(v, 2)
+                        : t == 2 ? _mm256_srli_epi16(v, 4)
+                                 : _mm256_srli_epi16(v, 6);
+    return _mm256_and_si256(low, bytes(3));
+}
+#if !defined(__AVX512VNNI__)
+template <class T>  // one x row's block j (xq: its 32 bytes): the rows' integer sums
+static inline __m256i half_sums(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
+                                int j) {
+    __m256i S = _mm256_setzero_si256();
+    for (int half = 0; half < 2; half++) {
+        __m256i P = _mm256_setzero_si256();
+        for (int s = 4 * half; s < 4 * half + 4; s++)
+            P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
+        S = _mm256_add_epi32(S, _mm256_madd_epi16(P, T::half_scale(u, j, half)));
+    }
+    return S;
+}
+// half_sums for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons). A row's int16, int32 and
+// float sums are live at once: past 4 rows the 16 registers spilled (in L1, 5 rows of Q5_K:
+// 25.8 cycles a row and block; in sweeps of 4, 16.6), so these types' SWEEP is 4
+constexpr int HALF_SWEEP = 4;
+template <class T, int MC>
+static inline __attribute__((always_inline)) void half_sums_rows(const R8Group &u,
+                                                                 const uint8_t *tg, int j,
+                                                                 const int8_t *const *q,
+                                                                 long mc, __m256i (&S)[MC]) {
+    const __m256i b = T::bits(tg, j);
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; half++) {
+        __m256i P[MC];
+#pragma GCC unroll 4  // (as in half_steps)
+        for (int t = 0; t < 4; t++) {
+            const int st = 4 * half + t;
+            const __m256i w = T::step(tg, j, st, b);
+            for (long m = 0; m < mc; m++) {
+                const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
+                P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
+                __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
+            }
+        }
+        for (long m = 0; m < mc; m++) {
+            const __m256i Sm = _mm256_madd_epi16(P[m], T::half_scale(u, j, half));
+            S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
+        }
+    }
+}
+#endif
+
 // Q2_K tile-group, 8 * 84 bytes: d[8], dmin[8] (fp16), the scale bytes as [sub-block i][row]
 // (scale in the low nibble, min in the high one: 128 bytes), then block by block (64 bytes at
 // 160 + 64j) two vectors of the 2-bit quants as R8Q3_K's. A scale and a min per 16 k: the
@@ -1071,75 +1162,38 @@ struct R8Q2_K {
         const int16_t *s16 = x.s16 + m * (x.KP / 16) + g * 16;
         const float *ef = x.ef + m * (x.KP / 32) + g * 8;
         __m256 U = _mm256_setzero_ps();
-        for (int j = 0; j < 8; j++) {
-            int32_t pair;
-            memcpy(&pair, s16 + 2 * j, 4);
-            const __m256i M = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
-            U = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(ef[j]), U);
-        }
+        for (int j = 0; j < 8; j++)
+            U = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sc2_x16(u, s16, j)), _mm256_set1_ps(ef[j]), U);
         return U;
     }
     static constexpr int lo(int j) { return 160 + 64 * j; }  // block j's two vectors
-    static inline __m256i step(const uint8_t *tg, int j, int st) {
-        const __m256i v = ld(tg + lo(j) + 32 * (st / 4));
-        const int t = st % 4;
-        const __m256i low = t == 0   ? v
-                            : t == 1 ? _mm256_srli_epi16(v, 2)
-                            : t == 2 ? _mm256_srli_epi16(v, 4)
-                                     : _mm256_srli_epi16(v, 6);
-        return _mm256_and_si256(low, bytes(3));
+    static inline __m256i bits(const uint8_t *, int) { return _mm256_setzero_si256(); }
+    static inline __m256i step(const uint8_t *tg, int j, int st, __m256i) {
+        return two_bits(ld(tg + lo(j) + 32 * (st / 4)), st % 4);
     }
     static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
-#pragma GCC unroll 8  // (as R8Q3_K's)
-        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st);
+        half_steps<R8Q2_K>(tg, j, w);
     }
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const int16_t *, int j, __m256 &T) {
 #if defined(__AVX512VNNI__)
-        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
-        for (int s = 0; s < 4; s++) {
-            dp_bcast(S0, w[s], xq + 4 * s);
-            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
-        }
-        const __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
-                                           _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+        const __m256i S = sub_block_sums(u, w, xq, j);
 #else
-        __m256i S = _mm256_setzero_si256();
-        for (int half = 0; half < 2; half++) {  // sub-block 2j + half
-            __m256i P = _mm256_setzero_si256();
-            for (int s = 4 * half; s < 4 * half + 4; s++)
-                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
-            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + half]));
-        }
+        const __m256i S = half_sums<R8Q2_K>(u, w, xq, j);
 #endif
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
     }
 #if !defined(__AVX512VNNI__)
-    // dot for x rows 0..mc-1 at once, sub-block by sub-block (R8Q5_K::dot_rows' sweeps)
-    static constexpr int SWEEP = 4;
-    template <int MC>
+    static inline __m256i half_scale(const R8Group &u, int j, int half) {  // sub-block 2j + half
+        return u.sc[2 * j + half];
+    }
+    static constexpr int SWEEP = HALF_SWEEP;
+    template <int MC>  // dot for x rows 0..mc-1 at once
     static inline __attribute__((always_inline)) void dot_rows(
         const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
         const float *const *ef, const int16_t *const *, long mc, __m256 *T) {
         __m256i S[MC];
-#pragma GCC unroll 2
-        for (int half = 0; half < 2; half++) {
-            __m256i P[MC];
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                const int st = 4 * half + t;
-                const __m256i w = step(tg, j, st);
-                for (long m = 0; m < mc; m++) {
-                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
-                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
-                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
-                }
-            }
-            for (long m = 0; m < mc; m++) {
-                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[2 * j + half]);
-                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
-            }
-        }
+        half_sums_rows<R8Q2_K, MC>(u, tg, j, q, mc, S);
         for (long m = 0; m < mc; m++)
             T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_set1_ps(ef[m][j]), T[m]);
     }
@@ -1202,16 +1256,8 @@ struct R8Q3_K {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), m4), top(4)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), m4), top(6)),
         };
-        const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         __m128i js[16];  // sub-block i's scale (6 bits - 32) of row r in byte r
-        for (int h = 0; h < 4; h++) {
-            const __m256i t = _mm256_sub_epi8(_mm256_shuffle_epi8(v[h], tr), bytes(32));
-            const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
-            const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
-            js[4 * h] = j01, js[4 * h + 1] = _mm_srli_si128(j01, 8);
-            js[4 * h + 2] = j23, js[4 * h + 3] = _mm_srli_si128(j23, 8);
-        }
+        for (int h = 0; h < 4; h++) row_bytes(_mm256_sub_epi8(v[h], bytes(32)), js + 4 * h);
         for (int i = 0; i < 16; i++) {
 #if defined(__AVX512VNNI__)
             u.sc32[i] = _mm256_cvtepi8_epi32(js[i]);
@@ -1224,85 +1270,37 @@ struct R8Q3_K {
     }
     static constexpr int lo(int j) { return 112 + 96 * j; }  // block j's low-bit vectors
     static constexpr int hi(int j) { return lo(j) + 64; }    // its third bits
+    static inline __m256i bits(const uint8_t *tg, int j) { return ld(tg + hi(j)); }
     static inline __m256i step(const uint8_t *tg, int j, int st, __m256i h) {
-        const __m256i v = ld(tg + lo(j) + 32 * (st / 4));
-        const int t = st % 4;
-        const __m256i low = t == 0   ? v
-                            : t == 1 ? _mm256_srli_epi16(v, 2)
-                            : t == 2 ? _mm256_srli_epi16(v, 4)
-                                     : _mm256_srli_epi16(v, 6);
-        const __m256i third = st == 0   ? _mm256_slli_epi16(h, 2)
-                              : st == 1 ? _mm256_slli_epi16(h, 1)
-                              : st == 2 ? h
-                              : st == 3 ? _mm256_srli_epi16(h, 1)
-                              : st == 4 ? _mm256_srli_epi16(h, 2)
-                              : st == 5 ? _mm256_srli_epi16(h, 3)
-                              : st == 6 ? _mm256_srli_epi16(h, 4)
-                                        : _mm256_srli_epi16(h, 5);
-        return _mm256_or_si256(_mm256_and_si256(low, bytes(3)),
-                               _mm256_and_si256(third, bytes(4)));
+        return _mm256_or_si256(two_bits(ld(tg + lo(j) + 32 * (st / 4)), st % 4), bit_at(h, st, 2));
     }
     static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
-        const __m256i h = ld(tg + hi(j));
-#pragma GCC unroll 8  // constant shifts: GCC, left to itself, kept the loop and branched
-        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st, h);
+        half_steps<R8Q3_K>(tg, j, w);
     }
     // S minus the offset: 4 * sum_i sc_i * (x's sum over sub-block i), for sub-blocks 2j, 2j + 1
     static inline __m256i offset(const R8Group &u, const int16_t *s16, int j, __m256i S) {
-        int32_t pair;
-        memcpy(&pair, s16 + 2 * j, 4);
-        const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
-        return _mm256_sub_epi32(S, _mm256_slli_epi32(O, 2));
+        return _mm256_sub_epi32(S, _mm256_slli_epi32(sc2_x16(u, s16, j), 2));
     }
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const int16_t *s16, int j, __m256 &T) {
 #if defined(__AVX512VNNI__)
-        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
-        for (int s = 0; s < 4; s++) {
-            dp_bcast(S0, w[s], xq + 4 * s);
-            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
-        }
-        __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
-                                     _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+        const __m256i S = sub_block_sums(u, w, xq, j);
 #else
-        __m256i S = _mm256_setzero_si256();
-        for (int half = 0; half < 2; half++) {  // sub-block 2j + half: four steps in int16
-            __m256i P = _mm256_setzero_si256();
-            for (int s = 4 * half; s < 4 * half + 4; s++)
-                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
-            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[2 * j + half]));
-        }
+        const __m256i S = half_sums<R8Q3_K>(u, w, xq, j);
 #endif
-        S = offset(u, s16, j, S);
-        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
+        T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offset(u, s16, j, S)), _mm256_set1_ps(ef[j]), T);
     }
 #if !defined(__AVX512VNNI__)
-    // dot for x rows 0..mc-1 at once, sub-block by sub-block (R8Q5_K::dot_rows' sweeps)
-    static constexpr int SWEEP = 4;
-    template <int MC>
+    static inline __m256i half_scale(const R8Group &u, int j, int half) {  // sub-block 2j + half
+        return u.sc[2 * j + half];
+    }
+    static constexpr int SWEEP = HALF_SWEEP;
+    template <int MC>  // dot for x rows 0..mc-1 at once
     static inline __attribute__((always_inline)) void dot_rows(
         const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
         const float *const *ef, const int16_t *const *s16, long mc, __m256 *T) {
-        const __m256i h = ld(tg + hi(j));
         __m256i S[MC];
-#pragma GCC unroll 2
-        for (int half = 0; half < 2; half++) {
-            __m256i P[MC];
-#pragma GCC unroll 4  // (as in steps)
-            for (int t = 0; t < 4; t++) {
-                const int st = 4 * half + t;
-                const __m256i w = step(tg, j, st, h);
-                for (long m = 0; m < mc; m++) {
-                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
-                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
-                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
-                }
-            }
-            for (long m = 0; m < mc; m++) {
-                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[2 * j + half]);
-                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
-            }
-        }
+        half_sums_rows<R8Q3_K, MC>(u, tg, j, q, mc, S);
         for (long m = 0; m < mc; m++) {
             const __m256i Sm = offset(u, s16[m], j, S[m]);
             T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Sm), _mm256_set1_ps(ef[m][j]), T[m]);
@@ -1363,26 +1361,14 @@ struct R8Q5_K {
     }
     static constexpr int lo(int j) { return 128 + 160 * j; }  // block j's nibble vectors
     static constexpr int hi(int j) { return lo(j) + 128; }     // its fifth bits
-    static inline __m256i fifth(__m256i h, int st) {  // step st's fifth bits at bit 4
-        const __m256i v = st == 0   ? _mm256_slli_epi16(h, 4)
-                          : st == 1 ? _mm256_slli_epi16(h, 3)
-                          : st == 2 ? _mm256_slli_epi16(h, 2)
-                          : st == 3 ? _mm256_slli_epi16(h, 1)
-                          : st == 4 ? h
-                          : st == 5 ? _mm256_srli_epi16(h, 1)
-                          : st == 6 ? _mm256_srli_epi16(h, 2)
-                                    : _mm256_srli_epi16(h, 3);
-        return _mm256_and_si256(v, bytes(16));
-    }
+    static inline __m256i bits(const uint8_t *tg, int j) { return ld(tg + hi(j)); }
     static inline __m256i step(const uint8_t *tg, int j, int st, __m256i h) {
         const __m256i v4 = ld(tg + lo(j) + 32 * (st % 4));
         return _mm256_or_si256(_mm256_and_si256(st < 4 ? v4 : srl16(v4, 4), bytes(15)),
-                               fifth(h, st));
+                               bit_at(h, st, 4));
     }
     static inline void steps(const uint8_t *tg, int j, __m256i (&w)[8]) {  // block j's 8 steps
-        const __m256i h = ld(tg + hi(j));
-#pragma GCC unroll 8  // constant shifts: GCC, left to itself, kept the loop and branched
-        for (int st = 0; st < 8; st++) w[st] = step(tg, j, st, h);
+        half_steps<R8Q5_K>(tg, j, w);
     }
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const int16_t *, int j, __m256 &T) {
@@ -1393,45 +1379,19 @@ struct R8Q5_K {
         const __m256 Ss = _mm256_mul_ps(_mm256_cvtepi32_ps(S), u.scf[j]);
         T = _mm256_fmadd_ps(Ss, _mm256_set1_ps(ef[j]), T);
 #else
-        __m256i S = _mm256_setzero_si256();
-        for (int half = 0; half < 2; half++) {
-            __m256i P = _mm256_setzero_si256();
-            for (int s = 4 * half; s < 4 * half + 4; s++)
-                P = _mm256_add_epi16(P, _mm256_maddubs_epi16(w[s], bcast4(xq + 4 * s)));
-            S = _mm256_add_epi32(S, _mm256_madd_epi16(P, u.sc[j]));
-        }
+        const __m256i S = half_sums<R8Q5_K>(u, w, xq, j);
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
 #endif
     }
 #if !defined(__AVX512VNNI__)
-    // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons), half a block at a time. A
-    // row's int16 and int32 sums and its float one are live at once: past 4 rows the 16
-    // registers spilled (in L1, 5 rows: 25.8 cycles a row and block; in sweeps of 4, 16.6)
-    static constexpr int SWEEP = 4;
-    template <int MC>
+    static inline __m256i half_scale(const R8Group &u, int j, int) { return u.sc[j]; }
+    static constexpr int SWEEP = HALF_SWEEP;
+    template <int MC>  // dot for x rows 0..mc-1 at once
     static inline __attribute__((always_inline)) void dot_rows(
         const R8Group &u, const uint8_t *tg, int j, const int8_t *const *q,
         const float *const *ef, const int16_t *const *, long mc, __m256 *T) {
-        const __m256i h = ld(tg + hi(j));
         __m256i S[MC];
-#pragma GCC unroll 2
-        for (int half = 0; half < 2; half++) {
-            __m256i P[MC];
-#pragma GCC unroll 4  // (as in steps)
-            for (int t = 0; t < 4; t++) {
-                const int st = 4 * half + t;
-                const __m256i w = step(tg, j, st, h);
-                for (long m = 0; m < mc; m++) {
-                    const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 4 * st));
-                    P[m] = t == 0 ? pr : _mm256_add_epi16(P[m], pr);
-                    __asm__("" : "+x"(P[m]));  // as R8Q4_K::dot_rows
-                }
-            }
-            for (long m = 0; m < mc; m++) {
-                const __m256i Sm = _mm256_madd_epi16(P[m], u.sc[j]);
-                S[m] = half ? _mm256_add_epi32(S[m], Sm) : Sm;
-            }
-        }
+        half_sums_rows<R8Q5_K, MC>(u, tg, j, q, mc, S);
         for (long m = 0; m < mc; m++)
             T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_set1_ps(ef[m][j]), T[m]);
     }
@@ -1531,14 +1491,7 @@ struct R8Q6_K {
     static inline void dot(const R8Group &u, const __m256i (&w)[8], const int8_t *xq,
                            const float *ef, const int16_t *s16, int j, __m256 &T) {
 #if defined(__AVX512VNNI__)
-        // per sub-block of 16 k: dpbusd's row sums times the row's scale (int32, exact)
-        __m256i S0 = _mm256_setzero_si256(), S1 = _mm256_setzero_si256();  // sub-blocks
-        for (int s = 0; s < 4; s++) {
-            dp_bcast(S0, w[s], xq + 4 * s);
-            dp_bcast(S1, w[s + 4], xq + 16 + 4 * s);
-        }
-        __m256i S = _mm256_add_epi32(_mm256_mullo_epi32(S0, u.sc32[2 * j]),
-                                     _mm256_mullo_epi32(S1, u.sc32[2 * j + 1]));
+        __m256i S = sub_block_sums(u, w, xq, j);
 #else
         __m256i S = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {  // steps 2p, 2p + 1: <= 2 * 2 * 63 * 127 in int16
@@ -1549,10 +1502,7 @@ struct R8Q6_K {
         }
 #endif
         // q is stored + 32: minus 32 * sum_i sc_i * (x's sum over sub-block i)
-        int32_t pair;
-        memcpy(&pair, s16 + 2 * j, 4);
-        const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
-        S = _mm256_sub_epi32(S, _mm256_slli_epi32(O, 5));
+        S = _mm256_sub_epi32(S, _mm256_slli_epi32(sc2_x16(u, s16, j), 5));
         T = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_set1_ps(ef[j]), T);
     }
 #if !defined(__AVX512VNNI__)
@@ -1576,10 +1526,7 @@ struct R8Q6_K {
             }
         }
         for (long m = 0; m < mc; m++) {
-            int32_t pair;
-            memcpy(&pair, s16[m] + 2 * j, 4);
-            const __m256i O = _mm256_madd_epi16(u.sc2[j], _mm256_set1_epi32(pair));
-            const __m256i Sm = _mm256_sub_epi32(S[m], _mm256_slli_epi32(O, 5));
+            const __m256i Sm = _mm256_sub_epi32(S[m], _mm256_slli_epi32(sc2_x16(u, s16[m], j), 5));
             T[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Sm), _mm256_set1_ps(ef[m][j]), T[m]);
         }
     }
@@ -1646,12 +1593,9 @@ struct R8B32 {
             w[t + 4] = _mm256_and_si256(srl16(v4, 4), low4);
         }
         if constexpr (FIFTH) {
-            const __m256i b4 = bytes(16), h = ld(tg + 144);
-            const __m256i hs[8] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3),
-                                   _mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1),
-                                   h,                       _mm256_srli_epi16(h, 1),
-                                   _mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)};  // s -> 4
-            for (int s = 0; s < 8; s++) w[s] = _mm256_or_si256(w[s], _mm256_and_si256(hs[s], b4));
+            const __m256i h = ld(tg + 144);
+#pragma GCC unroll 8  // (bit_at's constant shifts)
+            for (int s = 0; s < 8; s++) w[s] = _mm256_or_si256(w[s], bit_at(h, s, 4));
         }
     }
     // one block of one x row (xq: its 32 bytes, sum: their sum, dx: their step) into A
@@ -1692,13 +1636,7 @@ struct R8B32 {
             const __m256i v4 = ld(tg + 16 + 32 * t);
             for (int i = 0; i < 2; i++) {  // step t + 4i
                 __m256i w = _mm256_and_si256(i ? srl16(v4, 4) : v4, low4);
-                if constexpr (FIFTH) {  // bit 4 + 4i + t - 4 of h's bytes -> bit 4
-                    const int sh = 4 * i + t;
-                    const __m256i hs = sh < 4   ? _mm256_slli_epi16(h, 4 - sh)
-                                       : sh > 4 ? _mm256_srli_epi16(h, sh - 4)
-                                                : h;
-                    w = _mm256_or_si256(w, _mm256_and_si256(hs, bytes(16)));
-                }
+                if constexpr (FIFTH) w = _mm256_or_si256(w, bit_at(h, 4 * i + t, 4));
                 for (long m = 0; m < mc; m++) {
                     const __m256i pr = _mm256_maddubs_epi16(w, bcast4(q[m] + 16 * i + 4 * t));
                     P[m][i] = t == 0 ? pr : _mm256_add_epi16(P[m][i], pr);
