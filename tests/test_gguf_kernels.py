@@ -229,7 +229,7 @@ def test_bad_input_is_a_clear_error():
     assert w.nbytes() == 576
 
 
-TILED = ["Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+TILED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def make_tiled(name: str, n: int = 40, seed: int = 0):

@@ -8,11 +8,11 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q2_K-Q6_K, Q5_0 and Q4_0 are rearranged once into 8-row tiles (R8Q4_K,
+// Loaded natively, Q2_K-Q6_K and Q4_0-Q5_1 are rearranged once into 8-row tiles (R8Q4_K,
 // R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows
 // by one x row, so extra x rows cost only their multiplies (the default target's 5-token
 // pass: 174 -> 105 ms on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of
-// ~26-30). The VNNI build stores Q4_0, Q5_0, Q4_K and Q6_K tiles in pairs and multiplies 16
+// ~26-30). The VNNI build stores Q4_0-Q5_1, Q4_K and Q6_K tiles in pairs and multiplies 16
 // rows per 512-bit instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
@@ -847,7 +847,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
 enum : int {  // tiles: the file's type + 100
-    Q4_0_R8 = 102, Q5_0_R8 = 106,
+    Q4_0_R8 = 102, Q4_1_R8 = 103, Q5_0_R8 = 106, Q5_1_R8 = 107,
     Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114
 };
 
@@ -1575,32 +1575,56 @@ struct R8Q6_K {
     }
 };
 
-// Q5_0 / Q4_0 tile-group, 8 rows x one block of 32 k (8 * 22 / 8 * 18 bytes): d[8] (fp16),
-// 4 vectors of the low 4 bits (t: step t in the low nibbles, step t + 4 in the high ones), and
-// for Q5_0 1 of the fifth bits (byte 4r + i, bit s: k 4s + i of row r). Q5_0 is the default
-// draft's type (its K = 896 rules K-quants out): in the file layout a 1-token product reached
-// 21 GB/s, bound by unpacking; tiled, ~55 GB/s from the caches.
+// Q4_0, Q4_1, Q5_0, Q5_1 tile-group, 8 rows x one block of 32 k (8 times the file's block):
+// d[8] (fp16), Q4_1/Q5_1's m[8] (fp16), 4 vectors of the low 4 bits (t: step t in the low
+// nibbles, step t + 4 in the high ones), and for Q5_0/Q5_1 1 of the fifth bits (byte 4r + i,
+// bit s: k 4s + i of row r). Q5_0 is the default draft's type (its K = 896 rules K-quants
+// out): in the file layout a 1-token product reached 21 GB/s, bound by unpacking; tiled, ~55
+// GB/s from the caches. Q4_1 and Q5_1 in the file layout: a 1-token pass of the default target
+// 54 / 62 ms against Q4_0's 35 (Zen 2).
 template <class B>
 struct R8B32 {
-    static constexpr bool FIFTH = B::BYTES == 22;  // Q5_0: a fifth bit, else Q4_0
+    static constexpr bool MINS = B::MINS;  // Q4_1, Q5_1: w = d * q + m
+    static constexpr int FILE_QH = MINS ? 4 : 2;  // in the file's block: the fifth bits, then
+    static constexpr bool FIFTH = B::BYTES - FILE_QH == 20;  // Q5_0, Q5_1: a fifth bit
+    static constexpr int FILE_QS = FILE_QH + (FIFTH ? 4 : 0);  // the nibbles
+    static constexpr int QOFF = MINS ? 32 : 16, HOFF = QOFF + 128;  // in the tile-group
     static constexpr int QK = 32, BYTES = B::BYTES, TG = 8 * B::BYTES, OFF = B::OFF;
     typedef B Base;
     static inline void steps(const uint8_t *tg, __m256i (&w)[8]) {  // q + OFF, unsigned
         const __m256i low4 = bytes(15);
         for (int t = 0; t < 4; t++) {
-            const __m256i v4 = ld(tg + 16 + 32 * t);
+            const __m256i v4 = ld(tg + QOFF + 32 * t);
             w[t] = _mm256_and_si256(v4, low4);
             w[t + 4] = _mm256_and_si256(srl16(v4, 4), low4);
         }
         if constexpr (FIFTH) {
-            const __m256i h = ld(tg + 144);
+            const __m256i h = ld(tg + HOFF);
 #pragma GCC unroll 8  // (bit_at's constant shifts)
             for (int s = 0; s < 8; s++) w[s] = _mm256_or_si256(w[s], bit_at(h, s, 4));
         }
     }
+    static inline __m256 d(const uint8_t *tg) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+    }
+    static inline __m256 m(const uint8_t *tg) {  // the 8 rows' m (Q4_1, Q5_1)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tg + 16)));
+    }
+    // the block's m term for one x row, after its q term: A += m * (dx * sum), sum = x's
+    // block sum of q (w = d q + m: sum_k w x = d dx S + m dx sum)
+    static inline __m256 mins(__m256 A, __m256 m, int32_t sum, float dx) {
+        if constexpr (MINS) return _mm256_fmadd_ps(m, _mm256_set1_ps((float)sum * dx), A);
+        return A;
+    }
+#if defined(__AVX512VNNI__)
+    static inline __m512 mins(__m512 A, __m512 m, int32_t sum, float dx) {  // (pairs)
+        if constexpr (MINS) return _mm512_fmadd_ps(m, _mm512_set1_ps((float)sum * dx), A);
+        return A;
+    }
+#endif
     // one block of one x row (xq: its 32 bytes, sum: their sum, dx: their step) into A
     static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
-                           __m256 d, __m256 &A) {
+                           __m256 d, __m256 m, __m256 &A) {
 #if defined(__AVX512VNNI__)
         __m256i S2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
@@ -1616,24 +1640,26 @@ struct R8B32 {
         const __m256i one = _mm256_set1_epi16(1);
         __m256i S = _mm256_add_epi32(_mm256_madd_epi16(P[0], one), _mm256_madd_epi16(P[1], one));
 #endif
-        S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum));  // q is stored + OFF
-        A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
+        if constexpr (OFF != 0) S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum));  // q + OFF
+        A = mins(_mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A),
+                 m, sum, dx);
     }
 #if !defined(__AVX512VNNI__)
     // dot for x rows 0..mc-1 at once (R8Q4_K::dot_rows' reasons; q, sum, dx: row m's at this
     // block): dot's integers (P[0] steps 0-3, P[1] 4-7) and float operations, the same bits
     template <int MC>
     static inline __attribute__((always_inline)) void dot_rows(const uint8_t *tg, __m256 d,
+                                                               __m256 mv,
                                                                const int8_t *const *q,
                                                                const int32_t *sum,
                                                                const float *dx, long mc,
                                                                __m256 *A) {
         const __m256i low4 = bytes(15);
         __m256i h;
-        if constexpr (FIFTH) h = ld(tg + 144);
+        if constexpr (FIFTH) h = ld(tg + HOFF);
         __m256i P[MC][2];
         for (int t = 0; t < 4; t++) {
-            const __m256i v4 = ld(tg + 16 + 32 * t);
+            const __m256i v4 = ld(tg + QOFF + 32 * t);
             for (int i = 0; i < 2; i++) {  // step t + 4i
                 __m256i w = _mm256_and_si256(i ? srl16(v4, 4) : v4, low4);
                 if constexpr (FIFTH) w = _mm256_or_si256(w, bit_at(h, 4 * i + t, 4));
@@ -1648,44 +1674,51 @@ struct R8B32 {
         for (long m = 0; m < mc; m++) {
             __m256i S = _mm256_add_epi32(_mm256_madd_epi16(P[m][0], one),
                                          _mm256_madd_epi16(P[m][1], one));
-            S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum[m]));
-            A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx[m])),
-                                   A[m]);
+            if constexpr (OFF != 0) S = _mm256_sub_epi32(S, _mm256_set1_epi32(OFF * sum[m]));
+            A[m] = mins(_mm256_fmadd_ps(_mm256_cvtepi32_ps(S),
+                                        _mm256_mul_ps(d, _mm256_set1_ps(dx[m])), A[m]),
+                        mv, sum[m], dx[m]);
         }
     }
 #endif
+    // tile-group: d[8] (fp16), Q4_1/Q5_1's m[8], 4 vectors of nibbles (vector t: step t in
+    // the low nibbles, t + 4 in the high ones), Q5_0/Q5_1's fifth bits (bit s: step s)
     static void block(const uint8_t *tg, int r, uint8_t *b) {
         memset(b, 0, BYTES);
         memcpy(b, tg + 2 * r, 2);
-        uint8_t *qs = b + (FIFTH ? 6 : 2);
+        if constexpr (MINS) memcpy(b + 2, tg + 16 + 2 * r, 2);
+        uint8_t *qs = b + FILE_QS;
         uint32_t qh = 0;
         for (int k = 0; k < 32; k++) {
             const int s = k / 4, i = k % 4;
-            const uint8_t v = tg[16 + 32 * (s % 4) + 4 * r + i];
+            const uint8_t v = tg[QOFF + 32 * (s % 4) + 4 * r + i];
             int q = s < 4 ? v & 15 : v >> 4;
-            if constexpr (FIFTH) q |= ((tg[144 + 4 * r + i] >> s) & 1) << 4;
+            if constexpr (FIFTH) q |= ((tg[HOFF + 4 * r + i] >> s) & 1) << 4;
             qs[k % 16] |= (uint8_t)((q & 15) << (k < 16 ? 0 : 4));
             qh |= (uint32_t)(q >> 4) << k;
         }
-        if constexpr (FIFTH) memcpy(b + 2, &qh, 4);
+        if constexpr (FIFTH) memcpy(b + FILE_QH, &qh, 4);
     }
     static void pack(const uint8_t *const *blocks, uint8_t *tg) {
-        memset(tg + 16, 0, TG - 16);
+        memset(tg + QOFF, 0, TG - QOFF);
         for (int r = 0; r < 8; r++) {
             memcpy(tg + 2 * r, blocks[r], 2);
+            if constexpr (MINS) memcpy(tg + 16 + 2 * r, blocks[r] + 2, 2);
             BBuf u;
             B::block(blocks[r], u, 0);  // the file's quants in k order, unsigned
             const uint8_t *q = u.q;
             for (int k = 0; k < 32; k++) {
                 const int s = k / 4, i = k % 4;
-                tg[16 + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q[k] & 15) << (s < 4 ? 0 : 4));
-                if constexpr (FIFTH) tg[144 + 4 * r + i] |= (uint8_t)((q[k] >> 4) << s);
+                tg[QOFF + 32 * (s % 4) + 4 * r + i] |= (uint8_t)((q[k] & 15) << (s < 4 ? 0 : 4));
+                if constexpr (FIFTH) tg[HOFF + 4 * r + i] |= (uint8_t)((q[k] >> 4) << s);
             }
         }
     }
 };
 typedef R8B32<TQ5_0> R8Q5_0;
 typedef R8B32<TQ4_0> R8Q4_0;
+typedef R8B32<TQ5_1> R8Q5_1;
+typedef R8B32<TQ4_1> R8Q4_1;
 
 template <class T>
 constexpr bool TILED = false;
@@ -1693,6 +1726,10 @@ template <>
 constexpr bool TILED<R8Q5_0> = true;
 template <>
 constexpr bool TILED<R8Q4_0> = true;
+template <>
+constexpr bool TILED<R8Q5_1> = true;
+template <>
+constexpr bool TILED<R8Q4_1> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
@@ -1786,7 +1823,7 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
     for (long m = 0; m < mc; m++) store_tile(j, _mm256_add_ps(A[m], B[m]), m0 + m, n0);
 }
 
-// the same for tiles of 32-blocks (Q5_0, Q4_0): block b of the 8 rows is tile-group b; each
+// the same for tiles of 32-blocks (Q4_0-Q5_1): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
 static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, const uint8_t *tile,
@@ -1799,7 +1836,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
         const uint8_t *tg = tile + b * T::TG;
         const char *ahead = (const char *)(tg + 12 * T::TG);  // ~2 KB on, as the K-quants'
         for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        const __m256 d = T::d(tg), mv = T::MINS ? T::m(tg) : d;
 #if !defined(__AVX512VNNI__)
         if constexpr (MC > 1 && MC <= 4) {  // (more rows' sums than 4 spill)
             const int8_t *q[MC];
@@ -1809,7 +1846,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
                 const long r = m0 + m, xb = r * (x.KP / 32) + b;
                 q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
             }
-            T::template dot_rows<MC>(tg, d, q, sum, dx, MC, A);
+            T::template dot_rows<MC>(tg, d, mv, q, sum, dx, MC, A);
             continue;
         }
 #endif
@@ -1817,7 +1854,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
         T::steps(tg, w);
         for (long m = 0; m < mc; m++) {
             const long r = m0 + m, xb = r * (x.KP / 32) + b;
-            T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
+            T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, mv, A[m]);
         }
     }
     for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
@@ -2028,17 +2065,27 @@ struct Pair<R8Q6_K> {
 template <class B>
 struct Pair<R8B32<B>> {  // a pair-group is block b of both tiles: 16 weight rows x 32 k
     typedef R8B32<B> T;
-    static constexpr int SEGS = T::FIFTH ? 3 : 2;  // d, the low 4 bits, Q5_0's fifth bits
-    static constexpr int SEG[3][2] = {{0, 16}, {16, 128}, {144, 32}};
+    // d, Q4_1/Q5_1's m, the low 4 bits, Q5_0/Q5_1's fifth bits: a's segment, then b's
+    static constexpr int SEGS = 2 + T::MINS + T::FIFTH;
+    static constexpr auto SEG = [] {
+        std::array<std::array<int, 2>, 4> seg{};
+        int i = 0;
+        seg[i++] = {0, 16};
+        if (T::MINS) seg[i++] = {16, 16};
+        seg[i++] = {T::QOFF, 128};
+        if (T::FIFTH) seg[i++] = {T::HOFF, 32};
+        return seg;
+    }();
+    static constexpr int PQ = T::MINS ? 64 : 32, PH = PQ + 256;  // in the pair-group
     static inline void steps(const uint8_t *pg, __m512i (&w)[8]) {
         const __m512i low4 = _mm512_set1_epi8(15);
         for (int t = 0; t < 4; t++) {
-            const __m512i v4 = cat(ld(pg + 32 + 32 * t), ld(pg + 160 + 32 * t));
+            const __m512i v4 = cat(ld(pg + PQ + 32 * t), ld(pg + PQ + 128 + 32 * t));
             w[t] = _mm512_and_si512(v4, low4);
             w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v4, 4), low4);
         }
         if constexpr (T::FIFTH) {
-            const __m512i b4 = _mm512_set1_epi8(16), h = cat(ld(pg + 288), ld(pg + 320));
+            const __m512i b4 = _mm512_set1_epi8(16), h = cat(ld(pg + PH), ld(pg + PH + 32));
             const __m512i hs[8] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 3),
                                    _mm512_slli_epi16(h, 2), _mm512_slli_epi16(h, 1),
                                    h,                       _mm512_srli_epi16(h, 1),
@@ -2047,13 +2094,15 @@ struct Pair<R8B32<B>> {  // a pair-group is block b of both tiles: 16 weight row
         }
     }
     static inline __m512 d(const uint8_t *pg) { return _mm512_cvtph_ps(cat(pg, pg + 16)); }
+    static inline __m512 m(const uint8_t *pg) { return _mm512_cvtph_ps(cat(pg + 32, pg + 48)); }
     static inline void dot(const __m512i (&w)[8], const int8_t *xq, int32_t sum, float dx,
-                           __m512 d, __m512 &A) {
+                           __m512 d, __m512 m, __m512 &A) {
         __m512i S2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
         for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
         __m512i S = _mm512_add_epi32(S2[0], S2[1]);
-        S = _mm512_sub_epi32(S, _mm512_set1_epi32(T::OFF * sum));
-        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A);
+        if constexpr (T::OFF != 0) S = _mm512_sub_epi32(S, _mm512_set1_epi32(T::OFF * sum));
+        A = T::mins(_mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A),
+                    m, sum, dx);
     }
 };
 template <class T>
@@ -2064,6 +2113,10 @@ template <>
 constexpr bool PAIRS<R8Q5_0> = true;
 template <>
 constexpr bool PAIRS<R8Q4_0> = true;
+template <>
+constexpr bool PAIRS<R8Q5_1> = true;
+template <>
+constexpr bool PAIRS<R8Q4_1> = true;
 template <>
 constexpr bool PAIRS<R8Q6_K> = true;
 
@@ -2109,7 +2162,7 @@ static inline __attribute__((always_inline)) void pair_rows(const Job &j, const 
     }
     for (long m = 0; m < mc; m++) store_pair(j, _mm512_add_ps(A[m], B[m]), m0 + m, n0);
 }
-// tile_rows_b for a pair of 32-block tiles (Q5_0, Q4_0): pair-group b is block b of both
+// tile_rows_b for a pair of 32-block tiles (Q4_0-Q5_1): pair-group b is block b of both
 template <class T, int MC>
 static inline __attribute__((always_inline)) void pair_rows_b(const Job &j, const uint8_t *ta,
                                                               long n0, long m0, long mc) {
@@ -2123,10 +2176,10 @@ static inline __attribute__((always_inline)) void pair_rows_b(const Job &j, cons
         for (int l = 0; l < 2 * T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
         __m512i w[8];
         Pair<T>::steps(pg, w);
-        const __m512 d = Pair<T>::d(pg);
+        const __m512 d = Pair<T>::d(pg), mv = T::MINS ? Pair<T>::m(pg) : d;
         for (long m = 0; m < mc; m++) {
             const long r = m0 + m, xb = r * (x.KP / 32) + b;
-            Pair<T>::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, A[m]);
+            Pair<T>::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, mv, A[m]);
         }
     }
     for (long m = 0; m < mc; m++) store_pair(j, A[m], m0 + m, n0);
@@ -2254,6 +2307,8 @@ static bool with_type(int qtype, F &&f) {
         case Q6_K: f(TQ6_K{}); return true;
         case Q4_0_R8: f(R8Q4_0{}); return true;
         case Q5_0_R8: f(R8Q5_0{}); return true;
+        case Q4_1_R8: f(R8Q4_1{}); return true;
+        case Q5_1_R8: f(R8Q5_1{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
         case Q2_K_R8: f(R8Q2_K{}); return true;
         case Q3_K_R8: f(R8Q3_K{}); return true;
@@ -2423,12 +2478,14 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long N, lon
         dequantize_file<T>(w, ids, R, K, out, nt);
 }
 
-// a matrix of the file's Q4_0, Q5_0, Q4_K or Q6_K (N a multiple of 8) rearranged into tiles,
+// a matrix of the file's 32-block types but Q8_0, or K-quants (N a multiple of 8) into tiles,
 // in place: returns the tiled type, or -1
 static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (N % 8 || K % 32) return -1;
     if (qtype == Q4_0) return repack<R8Q4_0>(w, N, K, nt), Q4_0_R8;
     if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
+    if (qtype == Q4_1) return repack<R8Q4_1>(w, N, K, nt), Q4_1_R8;
+    if (qtype == Q5_1) return repack<R8Q5_1>(w, N, K, nt), Q5_1_R8;
     if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
     if (qtype == Q2_K) return repack<R8Q2_K>(w, N, K, nt), Q2_K_R8;
