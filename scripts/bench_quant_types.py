@@ -24,8 +24,16 @@ from pathlib import Path
 
 # llama.cpp's file types (llama.h's LLAMA_FTYPE_MOSTLY_*) of the mixes people download
 FTYPES = {
-    "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q8_0": 7,
-    "q2_k": 10, "q3_k_m": 12, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 8,
+    "q5_1": 9,
+    "q8_0": 7,
+    "q2_k": 10,
+    "q3_k_m": 12,
+    "q4_k_m": 15,
+    "q5_k_m": 17,
+    "q6_k": 18,
 }
 
 QUANTIZE = """
