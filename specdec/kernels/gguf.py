@@ -2,7 +2,7 @@
 
 A decode step reads every weight byte once, so a Q4_K_M model is multiplied from its 4.5-6.5
 bit blocks directly (``gguf_kernels.h``) rather than dequantized to bf16 (3-6x the bytes).
-``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q2_K-Q6_K and Q4_0-Q5_1
+``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q2_K-Q6_K and Q4_0-Q8_0
 into 8-row tiles (the same bytes, in place, once at load: under a second for a 1.5B model,
 nothing to cache), in which one instruction multiplies 4 k of 8 weight rows by one x row: a
 verify pass of several tokens costs far less than in the file's row-by-row layout.
@@ -39,7 +39,7 @@ SUPPORTED: frozenset[int] = frozenset(  # the file types we multiply
 FLOATS = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))  # int8_x does not apply to these
 # the file's type -> our layout of it in 8-row tiles (``repack``; codes of gguf_kernels.h)
 TILED = {int(t): code for t, code in ((Q.Q4_0, 102), (Q.Q4_1, 103), (Q.Q5_0, 106), (Q.Q5_1, 107))}
-TILED |= {int(t): code for t, code in ((Q.Q2_K, 110), (Q.Q3_K, 111))}
+TILED |= {int(t): code for t, code in ((Q.Q8_0, 108), (Q.Q2_K, 110), (Q.Q3_K, 111))}
 TILED |= {int(t): code for t, code in ((Q.Q4_K, 112), (Q.Q5_K, 113), (Q.Q6_K, 114))}
 FILE_TYPE = {tiled: file for file, tiled in TILED.items()}
 K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
@@ -99,13 +99,13 @@ def pack(qtype: int, raw: torch.Tensor, out_features: int, in_features: int) -> 
 
 
 def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
-    """``w`` rearranged into 8-row tiles where that pays (Q4_0-Q5_1 and the K-quants with a
+    """``w`` rearranged into 8-row tiles where that pays (Q4_0-Q8_0 and the K-quants with a
     multiple of 8 rows, our kernels loaded), else ``w`` itself. A tile holds 8 rows group by
     group so that one instruction multiplies 4 k of all 8 rows by one x row: products of several
     x rows (a verify pass) cost far less than with the file's row-by-row layout, and one x row
     no more.
     The same bytes, so the same memory; ``in_place`` rearranges ``w.data`` itself (the loader's
-    copy of the file). The AVX-512 VNNI build interleaves the tiles of Q4_0-Q5_1, Q4_K and Q6_K
+    copy of the file). The AVX-512 VNNI build interleaves the tiles of Q4_0-Q8_0, Q4_K and Q6_K
     in pairs (16 rows per 512-bit instruction), so tiles are read only by the build that made
     them.
     Tiles multiply with int8 x only (``linear(..., int8_x=True)``)."""

@@ -8,11 +8,11 @@
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q2_K-Q6_K and Q4_0-Q5_1 are rearranged once into 8-row tiles (R8Q4_K,
+// Loaded natively, Q2_K-Q6_K and Q4_0-Q8_0 are rearranged once into 8-row tiles (R8Q4_K,
 // R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows
 // by one x row, so extra x rows cost only their multiplies (the default target's 5-token
 // pass: 174 -> 105 ms on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of
-// ~26-30). The VNNI build stores Q4_0-Q5_1, Q4_K and Q6_K tiles in pairs and multiplies 16
+// ~26-30). The VNNI build stores Q4_0-Q8_0, Q4_K and Q6_K tiles in pairs and multiplies 16
 // rows per 512-bit instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
@@ -847,7 +847,7 @@ static void rows_one(const Job &j, long n0, long n1) {
 // U += mn_j * (e_j * sum xq); per group A += (d * base) * T, B -= (dmin * base) * U. The same
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
 enum : int {  // tiles: the file's type + 100
-    Q4_0_R8 = 102, Q4_1_R8 = 103, Q5_0_R8 = 106, Q5_1_R8 = 107,
+    Q4_0_R8 = 102, Q4_1_R8 = 103, Q5_0_R8 = 106, Q5_1_R8 = 107, Q8_0_R8 = 108,
     Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114
 };
 
@@ -1720,6 +1720,84 @@ typedef R8B32<TQ4_0> R8Q4_0;
 typedef R8B32<TQ5_1> R8Q5_1;
 typedef R8B32<TQ4_1> R8Q4_1;
 
+// Q8_0 tile-group, 8 rows x one block of 32 k (8 * 34 bytes): d[8] (fp16), then 8 steps of
+// signed quants (step s: byte 4r + i = k 4s + i of row r). maddubs and dpbusd want one
+// unsigned operand. AVX2 multiplies |w| by x carrying w's sign (<= 2 * 127 * 127 an int16
+// pair, so each step needs its own madd: 16 multiplies a block against Q4_0's 10). VNNI has no
+// byte sign for 512 bits; it takes w + 128 (unsigned) and subtracts 128 times x's block sum,
+// as Q4_0's offset. The same integer S.
+struct R8Q8_0 {
+    static constexpr bool MINS = false;
+    static constexpr int QK = 32, BYTES = 34, TG = 8 * 34, OFF = 0;
+    typedef TQ8_0 Base;
+    static inline void steps(const uint8_t *tg, __m256i (&w)[8]) {  // AVX2: w; VNNI: w + 128
+        for (int s = 0; s < 8; s++) {
+            w[s] = ld(tg + 16 + 32 * s);
+#if defined(__AVX512VNNI__)
+            w[s] = _mm256_xor_si256(w[s], bytes(-128));
+#endif
+        }
+    }
+    static inline __m256 d(const uint8_t *tg) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+    }
+    static inline __m256 m(const uint8_t *) { return _mm256_setzero_ps(); }
+    // one block of one x row (xq: its 32 bytes, sum: their sum, dx: their step) into A
+    static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m256 d, __m256, __m256 &A) {
+#if defined(__AVX512VNNI__)
+        __m256i S2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        const __m256i S =
+            _mm256_sub_epi32(_mm256_add_epi32(S2[0], S2[1]), _mm256_set1_epi32(128 * sum));
+#else
+        (void)sum;
+        const __m256i one = _mm256_set1_epi16(1);
+        __m256i S = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[s]),
+                                                   _mm256_sign_epi8(bcast4(xq + 4 * s), w[s]));
+            S = _mm256_add_epi32(S, _mm256_madd_epi16(p, one));
+        }
+#endif
+        A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
+    }
+#if !defined(__AVX512VNNI__)
+    // dot for x rows 0..mc-1 at once (R8B32::dot_rows' reasons): each step's |w| once for all
+    // rows; dot's integers and float operations, the same bits
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(const uint8_t *tg, __m256 d,
+                                                               __m256, const int8_t *const *q,
+                                                               const int32_t *,
+                                                               const float *dx, long mc,
+                                                               __m256 *A) {
+        const __m256i one = _mm256_set1_epi16(1);
+        __m256i S[MC];
+        for (int s = 0; s < 8; s++) {
+            const __m256i v = ld(tg + 16 + 32 * s), a = _mm256_abs_epi8(v);
+            for (long m = 0; m < mc; m++) {
+                const __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(bcast4(q[m] + 4 * s), v));
+                S[m] = s == 0 ? _mm256_madd_epi16(p, one)
+                              : _mm256_add_epi32(S[m], _mm256_madd_epi16(p, one));
+            }
+        }
+        for (long m = 0; m < mc; m++)
+            A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(dx[m])), A[m]);
+    }
+#endif
+    static void block(const uint8_t *tg, int r, uint8_t *b) {
+        memcpy(b, tg + 2 * r, 2);
+        for (int k = 0; k < 32; k++) b[2 + k] = tg[16 + 32 * (k / 4) + 4 * r + k % 4];
+    }
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        for (int r = 0; r < 8; r++) {
+            memcpy(tg + 2 * r, blocks[r], 2);
+            for (int k = 0; k < 32; k++) tg[16 + 32 * (k / 4) + 4 * r + k % 4] = blocks[r][2 + k];
+        }
+    }
+};
+
 template <class T>
 constexpr bool TILED = false;
 template <>
@@ -1730,6 +1808,8 @@ template <>
 constexpr bool TILED<R8Q5_1> = true;
 template <>
 constexpr bool TILED<R8Q4_1> = true;
+template <>
+constexpr bool TILED<R8Q8_0> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
@@ -1823,6 +1903,22 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
     for (long m = 0; m < mc; m++) store_tile(j, _mm256_add_ps(A[m], B[m]), m0 + m, n0);
 }
 
+#if !defined(__AVX512VNNI__)
+// dot_rows for x rows FROM..MC-1 of a 32-block tile, at most 4 at a time (more rows' sums
+// than 4 spill from AVX2's 16 registers), in sweeps of even sizes: 5 rows as 3 + 2. Each sweep
+// decodes the block's steps again from L1: against row by row with all 8 steps held, 5-9
+// rows ~5% faster, 16 (four sweeps) up to 38% slower (Q5_0's fifth bits), so up to 8 rows.
+template <class T, int MC, int FROM = 0>
+static inline __attribute__((always_inline)) void b_sweeps(const uint8_t *tg, __m256 d,
+                                                           __m256 mv, const int8_t *const *q,
+                                                           const int32_t *sum, const float *dx,
+                                                           __m256 *A) {
+    constexpr int LEFT = MC - FROM, SWEEPS = (LEFT + 3) / 4, N = (LEFT + SWEEPS - 1) / SWEEPS;
+    T::template dot_rows<N>(tg, d, mv, q + FROM, sum + FROM, dx + FROM, N, A + FROM);
+    if constexpr (FROM + N < MC) b_sweeps<T, MC, FROM + N>(tg, d, mv, q, sum, dx, A);
+}
+#endif
+
 // the same for tiles of 32-blocks (Q4_0-Q5_1): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
@@ -1838,7 +1934,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
         for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
         const __m256 d = T::d(tg), mv = T::MINS ? T::m(tg) : d;
 #if !defined(__AVX512VNNI__)
-        if constexpr (MC > 1 && MC <= 4) {  // (more rows' sums than 4 spill)
+        if (MC > 1 && MC <= 8 && mc == MC) {
             const int8_t *q[MC];
             int32_t sum[MC];
             float dx[MC];
@@ -1846,7 +1942,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
                 const long r = m0 + m, xb = r * (x.KP / 32) + b;
                 q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
             }
-            T::template dot_rows<MC>(tg, d, mv, q, sum, dx, MC, A);
+            b_sweeps<T, MC>(tg, d, mv, q, sum, dx, A);
             continue;
         }
 #endif
@@ -2105,6 +2201,26 @@ struct Pair<R8B32<B>> {  // a pair-group is block b of both tiles: 16 weight row
                     m, sum, dx);
     }
 };
+template <>
+struct Pair<R8Q8_0> {  // a pair-group is block b of both tiles: d a, d b, steps a, steps b
+    static constexpr int SEGS = 2;
+    static constexpr int SEG[2][2] = {{0, 16}, {16, 256}};
+    static inline void steps(const uint8_t *pg, __m512i (&w)[8]) {  // w + 128, as R8Q8_0's
+        for (int s = 0; s < 8; s++)
+            w[s] = _mm512_xor_si512(cat(ld(pg + 32 + 32 * s), ld(pg + 288 + 32 * s)),
+                                    _mm512_set1_epi8(-128));
+    }
+    static inline __m512 d(const uint8_t *pg) { return _mm512_cvtph_ps(cat(pg, pg + 16)); }
+    static inline __m512 m(const uint8_t *) { return _mm512_setzero_ps(); }
+    static inline void dot(const __m512i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m512 d, __m512, __m512 &A) {
+        __m512i S2[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        for (int s = 0; s < 8; s++) dp_bcast(S2[s & 1], w[s], xq + 4 * s);
+        const __m512i S =
+            _mm512_sub_epi32(_mm512_add_epi32(S2[0], S2[1]), _mm512_set1_epi32(128 * sum));
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A);
+    }
+};
 template <class T>
 constexpr bool PAIRS = false;
 template <>
@@ -2117,6 +2233,8 @@ template <>
 constexpr bool PAIRS<R8Q5_1> = true;
 template <>
 constexpr bool PAIRS<R8Q4_1> = true;
+template <>
+constexpr bool PAIRS<R8Q8_0> = true;
 template <>
 constexpr bool PAIRS<R8Q6_K> = true;
 
@@ -2309,6 +2427,7 @@ static bool with_type(int qtype, F &&f) {
         case Q5_0_R8: f(R8Q5_0{}); return true;
         case Q4_1_R8: f(R8Q4_1{}); return true;
         case Q5_1_R8: f(R8Q5_1{}); return true;
+        case Q8_0_R8: f(R8Q8_0{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
         case Q2_K_R8: f(R8Q2_K{}); return true;
         case Q3_K_R8: f(R8Q3_K{}); return true;
@@ -2478,7 +2597,7 @@ static void dequantize(const uint8_t *w, const int64_t *ids, long R, long N, lon
         dequantize_file<T>(w, ids, R, K, out, nt);
 }
 
-// a matrix of the file's 32-block types but Q8_0, or K-quants (N a multiple of 8) into tiles,
+// a matrix of the file's 32-block types or K-quants (N a multiple of 8) into tiles,
 // in place: returns the tiled type, or -1
 static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (N % 8 || K % 32) return -1;
@@ -2486,6 +2605,7 @@ static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (qtype == Q5_0) return repack<R8Q5_0>(w, N, K, nt), Q5_0_R8;
     if (qtype == Q4_1) return repack<R8Q4_1>(w, N, K, nt), Q4_1_R8;
     if (qtype == Q5_1) return repack<R8Q5_1>(w, N, K, nt), Q5_1_R8;
+    if (qtype == Q8_0) return repack<R8Q8_0>(w, N, K, nt), Q8_0_R8;
     if (K % G) return -1;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
     if (qtype == Q2_K) return repack<R8Q2_K>(w, N, K, nt), Q2_K_R8;
