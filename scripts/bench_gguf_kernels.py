@@ -33,10 +33,14 @@ SHAPES = [
     (Q.Q8_0, 151936, 896, "0.5B head"),
     (Q.Q4_0, 4096, 1536, "Q4_0"),
     (Q.Q4_1, 4096, 1536, "Q4_1"),
+    (Q.Q4_0, 17920, 1536, "gate|up as Q4_0"),
+    (Q.IQ4_NL, 17920, 1536, "gate|up as IQ4_NL"),
+    (Q.IQ4_XS, 17920, 1536, "gate|up as IQ4_XS"),
 ]
 # byte offsets of fp16 scales in a block: made small and finite
 SCALE_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0]}
 SCALE_AT |= {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+SCALE_AT |= {Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 
 
 def random_weight(qtype, n: int, k: int) -> gk.PackedWeight:

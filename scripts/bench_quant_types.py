@@ -34,6 +34,8 @@ FTYPES = {
     "q4_k_m": 15,
     "q5_k_m": 17,
     "q6_k": 18,
+    "iq4_nl": 25,
+    "iq4_xs": 30,
 }
 
 QUANTIZE = """
@@ -125,7 +127,8 @@ def main() -> None:
     rows = [head + ["AR/llama", "SD/llama", "SD = AR"]]
     for kind, path in files.items():
         out = args.out / kind
-        cmd = ["specdec", "bench", "--model", str(path), "--draft-model", DEFAULT_DRAFT]
+        cmd = [sys.executable, "-m", "specdec.cli", "bench", "--model", str(path)]
+        cmd += ["--draft-model", DEFAULT_DRAFT]
         cmd += ["--methods", "ar,sd,llamacpp", "--types", "code,prose", "--prompts-per-type", "1"]
         cmd += ["--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens)]
         cmd += ["--pass-dtypes", "auto", "--out", str(out)]

@@ -13,7 +13,7 @@ from specdec.kernels import gguf as gk
 Q = gguf.GGMLQuantizationType
 # byte offsets of each block's fp16 steps; every other byte stays random
 STEPS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q5_K: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
-STEPS.update({Q.Q4_0: (0,), Q.Q8_0: (0,)})
+STEPS.update({Q.Q4_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)})
 
 
 def outputs():

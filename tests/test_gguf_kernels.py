@@ -14,14 +14,18 @@ from specdec.kernels import gguf as gk
 
 Q = gguf.GGMLQuantizationType
 TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
-TYPES += ["F16", "BF16", "F32"]
+TYPES += ["IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"]
 # byte offsets of the fp16 scales in a block of the types gguf cannot quantize
 K_SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+K_SCALES |= {"IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def in_features(name: str) -> int:
-    """K-quants: whole super-blocks; 32-blocks: a partial last group of 256; floats: any k."""
-    return 512 if name.endswith("_K") else 288 if name.startswith("Q") else 300
+    """Groups of 256 (K-quants, IQ4_XS): whole groups; 32-blocks: a partial last group of 256;
+    floats: any k."""
+    if name.endswith("_K") or name == "IQ4_XS":
+        return 512
+    return 300 if name in ("F16", "BF16", "F32") else 288
 
 
 def make_raw(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -230,6 +234,7 @@ def test_bad_input_is_a_clear_error():
 
 
 TILED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+TILED += ["IQ4_NL", "IQ4_XS"]
 
 
 def make_tiled(name: str, n: int = 40, seed: int = 0):

@@ -27,6 +27,7 @@ ROLES = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", 
 ROLES += ("ffn_down", "output")
 # where the fp16 scales sit in a block of the types gguf cannot quantize (random blocks)
 SCALE_OFFSETS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+SCALE_OFFSETS |= {T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
 
 
 def writable_types() -> list[T]:

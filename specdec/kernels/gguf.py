@@ -2,15 +2,16 @@
 
 A decode step reads every weight byte once, so a Q4_K_M model is multiplied from its 4.5-6.5
 bit blocks directly (``gguf_kernels.h``) rather than dequantized to bf16 (3-6x the bytes).
-``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q2_K-Q6_K and Q4_0-Q8_0
-into 8-row tiles (the same bytes, in place, once at load: under a second for a 1.5B model,
-nothing to cache), in which one instruction multiplies 4 k of 8 weight rows by one x row: a
-verify pass of several tokens costs far less than in the file's row-by-row layout.
+``pack`` keeps the file's bytes as they are. ``repack`` rearranges Q2_K-Q6_K, Q4_0-Q8_0,
+IQ4_NL and IQ4_XS into 8-row tiles (the same bytes, in place, once at load: under a second for
+a 1.5B model, nothing to cache), in which one instruction multiplies 4 k of 8 weight rows by one
+x row: a verify pass of several tokens costs far less than in the file's row-by-row layout.
 ``linear`` multiplies either layout, by default with x rounded to int8 for integer dot products
-(per row and block of 32 k for Q4_0 ... Q8_0, as llama.cpp's Q8_0 activations; for K-quants one
-step per 256 k refined per 32 k by an integer factor, see ``quantize_x_reference``), or (file
-layout only) with fp32 x against the exact weight values (``int8_x=False``). Both are batch
-invariant: a row's output bits do not depend on how many rows share the call.
+(per row and block of 32 k for Q4_0 ... Q8_0, IQ4_NL and IQ4_XS, as llama.cpp's Q8_0
+activations, IQ4_XS's 6-bit block scales applied in fp32; for K-quants one step per 256 k
+refined per 32 k by an integer factor, see ``quantize_x_reference``), or (file layout only)
+with fp32 x against the exact weight values (``int8_x=False``). Both are batch invariant: a
+row's output bits do not depend on how many rows share the call.
 
 Where our kernels are off (``SPECDEC_KERNELS=torch``, other CPUs) the same results, up to
 float rounding, come from ``gguf.quants.dequantize`` and torch: correct, not fast.
@@ -34,13 +35,14 @@ Q = gguf.GGMLQuantizationType
 SUPPORTED: frozenset[int] = frozenset(  # the file types we multiply
     int(t)
     for t in (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
-    + (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+    + (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 )
 FLOATS = frozenset(int(t) for t in (Q.F32, Q.F16, Q.BF16))  # int8_x does not apply to these
 # the file's type -> our layout of it in 8-row tiles (``repack``; codes of gguf_kernels.h)
 TILED = {int(t): code for t, code in ((Q.Q4_0, 102), (Q.Q4_1, 103), (Q.Q5_0, 106), (Q.Q5_1, 107))}
 TILED |= {int(t): code for t, code in ((Q.Q8_0, 108), (Q.Q2_K, 110), (Q.Q3_K, 111))}
 TILED |= {int(t): code for t, code in ((Q.Q4_K, 112), (Q.Q5_K, 113), (Q.Q6_K, 114))}
+TILED |= {int(t): code for t, code in ((Q.IQ4_NL, 120), (Q.IQ4_XS, 123))}
 FILE_TYPE = {tiled: file for file, tiled in TILED.items()}
 K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 K_QUANTS |= {t for t, f in FILE_TYPE.items() if f in K_QUANTS}
@@ -99,15 +101,15 @@ def pack(qtype: int, raw: torch.Tensor, out_features: int, in_features: int) -> 
 
 
 def repack(w: PackedWeight, in_place: bool = False) -> PackedWeight:
-    """``w`` rearranged into 8-row tiles where that pays (Q4_0-Q8_0 and the K-quants with a
+    """``w`` rearranged into 8-row tiles where that pays (every quantized type, with a
     multiple of 8 rows, our kernels loaded), else ``w`` itself. A tile holds 8 rows group by
     group so that one instruction multiplies 4 k of all 8 rows by one x row: products of several
     x rows (a verify pass) cost far less than with the file's row-by-row layout, and one x row
     no more.
     The same bytes, so the same memory; ``in_place`` rearranges ``w.data`` itself (the loader's
-    copy of the file). The AVX-512 VNNI build interleaves the tiles of Q4_0-Q8_0, Q4_K and Q6_K
-    in pairs (16 rows per 512-bit instruction), so tiles are read only by the build that made
-    them.
+    copy of the file). The AVX-512 VNNI build interleaves the tiles of Q4_0-Q8_0, IQ4_NL, Q4_K
+    and Q6_K in pairs (16 rows per 512-bit instruction), so tiles are read only by the build
+    that made them.
     Tiles multiply with int8 x only (``linear(..., int8_x=True)``)."""
     lib = kernels.library()
     if lib is None or w.qtype not in TILED or w.out_features % 8:

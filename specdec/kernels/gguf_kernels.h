@@ -3,20 +3,22 @@
 // the 4.5-8.5 bit blocks as they are stored and never widen them in memory.
 //
 // A row of weights is cut into groups of G = 256 k: one K-quant super-block, 8 blocks of 32
-// (Q4_0 ... Q8_0; the last group of a row may hold fewer), or 256 floats (F32/F16/BF16).
+// (Q4_0 ... Q8_0, IQ4_NL; the last group of a row may hold fewer; IQ4_XS: one group of 8
+// blocks with 6-bit scales), or 256 floats (F32/F16/BF16).
 // For each weight row and group the block is unpacked once into a small buffer in L1 (quants as
 // bytes, scales ready for the integer unit), then applied to every x row of the pass: a verify
 // pass of K+1 tokens reads the weights once, like a single token.
 // One x row of a K-quant (a decode step) skips the buffer: rows_one reads each block in place.
-// Loaded natively, Q2_K-Q6_K and Q4_0-Q8_0 are rearranged once into 8-row tiles (R8Q4_K,
+// Loaded natively, every quantized type is rearranged once into 8-row tiles (R8Q4_K,
 // R8Q6_K, R8B32 and the others below): one instruction then multiplies 4 k of 8 weight rows
 // by one x row, so extra x rows cost only their multiplies (the default target's 5-token
 // pass: 174 -> 105 ms on a Zen 3; with VNNI on a Zen 4, ~60 ms against a 1-token pass of
-// ~26-30). The VNNI build stores Q4_0-Q8_0, Q4_K and Q6_K tiles in pairs and multiplies 16
-// rows per 512-bit instruction (Pair); its Q2_K, Q3_K and Q5_K tiles stay 8 rows wide.
+// ~26-30). The VNNI build stores Q4_0-Q8_0, IQ4_NL, Q4_K and Q6_K tiles in pairs and
+// multiplies 16 rows per 512-bit instruction (Pair); its Q2_K, Q3_K, Q5_K and IQ4_XS tiles stay
+// 8 rows wide.
 //
-// Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks)
-// or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
+// Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks
+// and IQ4_XS) or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
 // (maddubs/madd, or VNNI dpbusd), converted to float once per group (K-quants: the sub-block
 // scales are integers applied before the conversion, mins through x's block sums). Exact x:
 // the group is decoded to the fp32 values gguf's dequantize gives, bit for bit, and multiplied
@@ -34,7 +36,7 @@ namespace gq {
 
 enum Type : int {
     F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8,
-    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30,
+    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
 };
 constexpr long G = 256;  // k per group
 
@@ -265,6 +267,46 @@ struct TQ8_0 {
     }
 };
 
+// IQ4_NL and IQ4_XS: a 4-bit q picks one of 16 fixed signed values (a nonlinear grid), so the
+// weights are signed bytes and multiply as Q8_0's. The grid + bias, in both 128-bit lanes
+// (bias 128: the unsigned form VNNI's dpbusd takes)
+static inline __m128i iq4_grid128(bool bias) {
+    const __m128i v =
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return bias ? _mm_xor_si128(v, _mm_set1_epi8(-128)) : v;
+}
+static inline __m256i iq4_grid(bool bias) { return _mm256_broadcastsi128_si256(iq4_grid128(bias)); }
+struct TIQ4_NL {  // Q4_0's block (d, then 16 bytes of nibbles): w = d * grid[q]
+    static constexpr int QK = 32, BYTES = 18, OFF = 0;
+    static constexpr bool MINS = false, SIGNED = true;
+    static void block(const uint8_t *b, BBuf &u, int i) {
+        const __m256i s = _mm256_shuffle_epi8(iq4_grid(false), nibbles(b + 2));
+        st(u.s + 32 * i, s);
+        st(u.q + 32 * i, _mm256_abs_epi8(s));
+    }
+};
+// IQ4_XS: d, scales_h (uint16), scales_l[4], qs[128]: 8 blocks of 32 in a group of 256, block
+// i's 6-bit scale ls (low nibble i % 2 of scales_l[i / 2], top bits 2i of scales_h), w = d *
+// (ls - 32) * grid[q] (qs[16 i..]: IQ4_NL's nibbles). Its blocks take x rounded per 32 (the
+// 32-blocks' form), each with its float scale d (ls - 32), exact in fp32 as gguf's.
+struct TIQ4_XS {
+    static constexpr int QK = 256, BYTES = 136, OFF = 0;
+    static constexpr bool MINS = false, SIGNED = true;
+    static void group(const uint8_t *b, BBuf &u) {
+        for (int i = 0; i < 8; i++) {
+            const __m256i s = _mm256_shuffle_epi8(iq4_grid(false), nibbles(b + 8 + 16 * i));
+            st(u.s + 32 * i, s);
+            st(u.q + 32 * i, _mm256_abs_epi8(s));
+        }
+        uint16_t h;
+        memcpy(&h, b + 2, 2);
+        auto ls = [&](int i) { return ((b[4 + i / 2] >> 4 * (i % 2)) & 15) | ((h >> 2 * i) & 3) << 4; };
+        const __m256i l = _mm256_setr_epi32(ls(0), ls(1), ls(2), ls(3), ls(4), ls(5), ls(6), ls(7));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_sub_epi32(l, _mm256_set1_epi32(32)));
+        _mm256_store_ps(u.d, _mm256_mul_ps(_mm256_set1_ps(f16(b)), sc));
+    }
+};
+
 // the fp16 at byte `at` of blocks 0..7 as 8 floats (0 past the row's end), built in registers:
 // 8 scalar stores then a vector load would stall store forwarding in every group
 template <class T>
@@ -280,18 +322,23 @@ static inline __m256 b_halves(const uint8_t *b, long n, int at) {
 // every block of a 32-block type starts with its fp16 d (Q4_1, Q5_1: then the fp16 m)
 template <class T>
 static inline void b_group(const uint8_t *row, long g, long nblocks, BBuf &u) {
-    const uint8_t *b = row + 8 * g * T::BYTES;
-    const long n = nblocks - 8 * g < 8 ? nblocks - 8 * g : 8;
-    for (int i = 0; i < 8; i++) {
-        if (i < n) {
-            T::block(b + i * T::BYTES, u, i);
-        } else {  // past the row's end: zero weights (x is zero-padded there too)
-            st(u.q + 32 * i, _mm256_setzero_si256());
-            st(u.s + 32 * i, _mm256_setzero_si256());
+    if constexpr (T::QK == 256) {  // IQ4_XS: its group of 8 blocks
+        T::group(row + g * T::BYTES, u);
+        _mm256_store_ps(u.m, _mm256_setzero_ps());
+    } else {
+        const uint8_t *b = row + 8 * g * T::BYTES;
+        const long n = nblocks - 8 * g < 8 ? nblocks - 8 * g : 8;
+        for (int i = 0; i < 8; i++) {
+            if (i < n) {
+                T::block(b + i * T::BYTES, u, i);
+            } else {  // past the row's end: zero weights (x is zero-padded there too)
+                st(u.q + 32 * i, _mm256_setzero_si256());
+                st(u.s + 32 * i, _mm256_setzero_si256());
+            }
         }
+        _mm256_store_ps(u.d, b_halves<T>(b, n, 0));
+        _mm256_store_ps(u.m, T::MINS ? b_halves<T>(b, n, 2) : _mm256_setzero_ps());
     }
-    _mm256_store_ps(u.d, b_halves<T>(b, n, 0));
-    _mm256_store_ps(u.m, T::MINS ? b_halves<T>(b, n, 2) : _mm256_setzero_ps());
 }
 
 template <class T>
@@ -344,8 +391,12 @@ struct TBF16 {
 // ---- every type: group g of a row as fp32 (zero past the row's end) -------------------------
 enum Kind { KQ, B32, FLT };
 template <class T>
+constexpr bool X32 = false;  // a type of 256-groups whose x is rounded per 32 (IQ4_XS)
+template <>
+constexpr bool X32<TIQ4_XS> = true;
+template <class T>
 static constexpr Kind kind() {
-    return T::QK == 256 ? KQ : T::QK == 32 ? B32 : FLT;
+    return X32<T> || T::QK == 32 ? B32 : T::QK == 256 ? KQ : FLT;
 }
 
 template <class T>
@@ -740,7 +791,7 @@ struct KInt {
 template <class T>
 struct BInt {
     typedef BBuf Buf;
-    static constexpr long GB = 8 * T::BYTES;
+    static constexpr long GB = T::QK == 256 ? T::BYTES : 8 * T::BYTES;
     static void unpack(const uint8_t *row, long g, long K, Buf &u) {
         b_group<T>(row, g, K / 32, u);
     }
@@ -848,7 +899,8 @@ static void rows_one(const Job &j, long n0, long n1) {
 // function of (row, x row) whatever M is, so batch invariant; one lane per weight row.
 enum : int {  // tiles: the file's type + 100
     Q4_0_R8 = 102, Q4_1_R8 = 103, Q5_0_R8 = 106, Q5_1_R8 = 107, Q8_0_R8 = 108,
-    Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114
+    Q2_K_R8 = 110, Q3_K_R8 = 111, Q4_K_R8 = 112, Q5_K_R8 = 113, Q6_K_R8 = 114,
+    IQ4_NL_R8 = 120, IQ4_XS_R8 = 123
 };
 
 struct R8Group {    // per tile-group: the 8 rows' factors as vector lanes
@@ -1798,6 +1850,161 @@ struct R8Q8_0 {
     }
 };
 
+// IQ4_NL tile-group: Q4_0's (d[8] fp16, 4 vectors of nibbles: vector t holds step t in the low
+// nibbles, step t + 4 in the high ones). One byte shuffle a step turns nibbles into the grid's
+// signed values, which multiply as Q8_0's: AVX2 |w| against x carrying w's sign (the table
+// lookup and the sign are the cost of a nonlinear grid: Q4_0 multiplies its nibbles as they
+// are), VNNI the grid + 128 less 128 times x's block sum
+static inline void grid_steps(const uint8_t *nib, __m256i (&w)[8]) {  // AVX2: w; VNNI: w + 128
+#if defined(__AVX512VNNI__)
+    const __m256i grid = iq4_grid(true);
+#else
+    const __m256i grid = iq4_grid(false);
+#endif
+    const __m256i low4 = bytes(15);
+    for (int t = 0; t < 4; t++) {
+        const __m256i v4 = ld(nib + 32 * t);
+        w[t] = _mm256_shuffle_epi8(grid, _mm256_and_si256(v4, low4));
+        w[t + 4] = _mm256_shuffle_epi8(grid, _mm256_and_si256(srl16(v4, 4), low4));
+    }
+}
+#if !defined(__AVX512VNNI__)
+// R8Q8_0::dot for x rows 0..mc-1 at once (R8B32::dot_rows' reasons), from one block's nibbles
+template <int MC>
+static inline __attribute__((always_inline)) void grid_dot_rows(const uint8_t *nib, __m256 d,
+                                                                const int8_t *const *q,
+                                                                const float *dx, long mc,
+                                                                __m256 *A) {
+    const __m256i low4 = bytes(15), grid = iq4_grid(false), one = _mm256_set1_epi16(1);
+    __m256i S[MC];
+    for (int t = 0; t < 4; t++) {
+        const __m256i v4 = ld(nib + 32 * t);
+        for (int i = 0; i < 2; i++) {  // step t + 4i
+            const __m256i v =
+                _mm256_shuffle_epi8(grid, _mm256_and_si256(i ? srl16(v4, 4) : v4, low4));
+            const __m256i a = _mm256_abs_epi8(v);
+            for (long m = 0; m < mc; m++) {
+                const __m256i x = _mm256_sign_epi8(bcast4(q[m] + 16 * i + 4 * t), v);
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), one);
+                S[m] = t == 0 && i == 0 ? p : _mm256_add_epi32(S[m], p);
+            }
+        }
+    }
+    for (long m = 0; m < mc; m++)
+        A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_mul_ps(d, _mm256_set1_ps(dx[m])),
+                               A[m]);
+}
+#endif
+struct R8IQ4_NL : R8B32<TQ4_0> {  // Q4_0's tiles (block, pack: the same bytes)
+    static constexpr int OFF = 0;
+    typedef TIQ4_NL Base;
+    static inline void steps(const uint8_t *tg, __m256i (&w)[8]) { grid_steps(tg + QOFF, w); }
+    static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m256 d, __m256 m, __m256 &A) {
+        R8Q8_0::dot(w, xq, sum, dx, d, m, A);
+    }
+#if !defined(__AVX512VNNI__)
+    template <int MC>
+    static inline __attribute__((always_inline)) void dot_rows(const uint8_t *tg, __m256 d,
+                                                               __m256, const int8_t *const *q,
+                                                               const int32_t *,
+                                                               const float *dx, long mc,
+                                                               __m256 *A) {
+        grid_dot_rows<MC>(tg + QOFF, d, q, dx, mc, A);
+    }
+#endif
+};
+
+// IQ4_XS tile-group, 8 rows x one group of 256 (8 * 136 bytes): d[8] (fp16); the 64 scales ls
+// (row r, block j: i = 8j + r), their low 4 bits in 32 bytes (nibble i / 32 of byte i % 32),
+// their top two in 16 (bits 2 (i / 16) of byte i % 16); then block j of the 8 rows as IQ4_NL's
+// nibbles (128 bytes at 64 + 128 j). Per group the 8 blocks' scales d (ls - 32) are decoded
+// once (lane r), then each block multiplies as IQ4_NL's with that scale for d.
+struct R8IQ4_XS {
+    static constexpr bool MINS = false;
+    static constexpr int QK = 256, BYTES = 136, TG = 8 * 136, OFF = 0;
+    typedef TIQ4_XS Base;
+    static inline void scales(const uint8_t *tg, __m256 (&dl)[8]) {  // dl[j]: d (ls - 32)
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tg));
+        const __m256i lo = ld(tg + 16), m4 = bytes(15), m2 = bytes(3);
+        const __m256i hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(tg + 48)));
+        __m256i s[2];  // s[h] byte b: ls of i = 32h + b
+        for (int h = 0; h < 2; h++) {
+            const int a = 4 * h, b = 4 * h + 2;  // bytes 0-15: bits 2 (2h), 16-31: 2 (2h + 1)
+            const __m256i top = _mm256_srlv_epi32(hi, _mm256_setr_epi32(a, a, a, a, b, b, b, b));
+            s[h] = _mm256_or_si256(_mm256_and_si256(h ? srl16(lo, 4) : lo, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(top, m2), 4));
+        }
+        for (int j = 0; j < 8; j++) {
+            const __m256i v = s[j / 4];
+            const __m128i half = j & 2 ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v);
+            const __m128i ls = j & 1 ? _mm_srli_si128(half, 8) : half;
+            const __m256i l = _mm256_sub_epi32(_mm256_cvtepu8_epi32(ls), _mm256_set1_epi32(32));
+            dl[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(l));
+        }
+    }
+    static inline void steps(const uint8_t *nib, __m256i (&w)[8]) { grid_steps(nib, w); }
+    static inline void dot(const __m256i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m256 d, __m256 m, __m256 &A) {
+        R8Q8_0::dot(w, xq, sum, dx, d, m, A);
+    }
+#if !defined(__AVX512VNNI__)
+    template <int MC>  // (b_sweeps) nib: block j's nibbles, d: its scales
+    static inline __attribute__((always_inline)) void dot_rows(const uint8_t *nib, __m256 d,
+                                                               __m256, const int8_t *const *q,
+                                                               const int32_t *,
+                                                               const float *dx, long mc,
+                                                               __m256 *A) {
+        grid_dot_rows<MC>(nib, d, q, dx, mc, A);
+    }
+#endif
+    static int ls_at(const uint8_t *tg, int i) {
+        return (tg[16 + i % 32] >> 4 * (i / 32) & 15) | (tg[48 + i % 16] >> 2 * (i / 16) & 3) << 4;
+    }
+    static uint8_t &nib_at(uint8_t *tg, int r, int j, int k, int &shift) {  // row r, k of block j
+        const int s = k / 4;
+        shift = s < 4 ? 0 : 4;
+        return tg[64 + 128 * j + 32 * (s % 4) + 4 * r + k % 4];
+    }
+    static void block(const uint8_t *tg, int r, uint8_t *b) {  // row r's block of the file
+        memset(b, 0, BYTES);
+        memcpy(b, tg + 2 * r, 2);
+        uint16_t h = 0;
+        for (int j = 0; j < 8; j++) {
+            const int ls = ls_at(tg, 8 * j + r);
+            b[4 + j / 2] |= (uint8_t)((ls & 15) << 4 * (j % 2));
+            h |= (uint16_t)((ls >> 4) << 2 * j);
+            for (int k = 0; k < 32; k++) {
+                int shift;
+                const int q = nib_at(const_cast<uint8_t *>(tg), r, j, k, shift) >> shift & 15;
+                b[8 + 16 * j + k % 16] |= (uint8_t)(q << (k < 16 ? 0 : 4));
+            }
+        }
+        memcpy(b + 2, &h, 2);
+    }
+    static void pack(const uint8_t *const *blocks, uint8_t *tg) {
+        memset(tg + 16, 0, TG - 16);
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *b = blocks[r];
+            memcpy(tg + 2 * r, b, 2);
+            uint16_t h;
+            memcpy(&h, b + 2, 2);
+            for (int j = 0; j < 8; j++) {
+                const int ls = (b[4 + j / 2] >> 4 * (j % 2) & 15) | (h >> 2 * j & 3) << 4, i = 8 * j + r;
+                tg[16 + i % 32] |= (uint8_t)((ls & 15) << 4 * (i / 32));
+                tg[48 + i % 16] |= (uint8_t)((ls >> 4) << 2 * (i / 16));
+                for (int k = 0; k < 32; k++) {
+                    const uint8_t v = b[8 + 16 * j + k % 16];
+                    int shift;
+                    nib_at(tg, r, j, k, shift) |= (uint8_t)(((k < 16 ? v : v >> 4) & 15) << shift);
+                }
+            }
+        }
+    }
+};
+template <>
+constexpr bool X32<R8IQ4_XS> = true;
+
 template <class T>
 constexpr bool TILED = false;
 template <>
@@ -1810,6 +2017,10 @@ template <>
 constexpr bool TILED<R8Q4_1> = true;
 template <>
 constexpr bool TILED<R8Q8_0> = true;
+template <>
+constexpr bool TILED<R8IQ4_NL> = true;
+template <>
+constexpr bool TILED<R8IQ4_XS> = true;
 template <>
 constexpr bool TILED<R8Q4_K> = true;
 template <>
@@ -1956,10 +2167,55 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
     for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
 }
 
+// the same for IQ4_XS's tiles: per group its 8 blocks' scales d (ls - 32), once, then each
+// block as an IQ4_NL tile-group with those scales for d
+template <class T, int MC>
+static inline __attribute__((always_inline)) void tile_rows_xs(const Job &j, const uint8_t *tile,
+                                                               long n0, long m0, long mc) {
+    const XRows &x = *j.x;
+    __m256 A[MC];
+    for (long m = 0; m < mc; m++) A[m] = _mm256_setzero_ps();
+    for (long g = 0; g < j.groups; g++) {
+        const uint8_t *tg = tile + g * T::TG;
+        __m256 dl[8];
+        T::scales(tg, dl);
+        for (int jb = 0; jb < 8; jb++) {
+            // an eighth of a tile-group at a time, 12 eighths on (as tile_rows_b's distance):
+            // the whole group at once, 2 groups on, ran the 1-token pass 35% slower
+            const char *ahead = (const char *)(tg + (12 + jb) * (T::TG / 8));
+            for (int l = 0; l < T::TG / 8; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+            const uint8_t *nib = tg + 64 + 128 * jb;
+            const long b = 8 * g + jb;
+#if !defined(__AVX512VNNI__)
+            if (MC > 1 && MC <= 8 && mc == MC) {
+                const int8_t *q[MC];
+                int32_t sum[MC];
+                float dx[MC];
+                for (long m = 0; m < MC; m++) {
+                    const long r = m0 + m, xb = r * (x.KP / 32) + b;
+                    q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
+                }
+                b_sweeps<T, MC>(nib, dl[jb], dl[jb], q, sum, dx, A);
+                continue;
+            }
+#endif
+            __m256i w[8];
+            T::steps(nib, w);
+            for (long m = 0; m < mc; m++) {
+                const long r = m0 + m, xb = r * (x.KP / 32) + b;
+                T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], dl[jb], dl[jb], A[m]);
+            }
+        }
+    }
+    for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
+}
+
 template <class T, int MC>  // T's tiles: 32-blocks or K-quant groups
 static inline __attribute__((always_inline)) void tile_any(const Job &j, const uint8_t *tile,
                                                            long n0, long m0, long mc) {
-    if constexpr (T::QK == 32)
+    if constexpr (X32<T> && T::QK == 256)
+        tile_rows_xs<T, MC>(j, tile, n0, m0, mc);
+    else if constexpr (T::QK == 32)
         tile_rows_b<T, MC>(j, tile, n0, m0, mc);
     else
         tile_rows<T, MC>(j, tile, n0, m0, mc);
@@ -2221,8 +2477,22 @@ struct Pair<R8Q8_0> {  // a pair-group is block b of both tiles: d a, d b, steps
         A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx)), A);
     }
 };
+template <>
+struct Pair<R8IQ4_NL> : Pair<R8B32<TQ4_0>> {  // Q4_0's pair-groups, the steps through the grid
+    static inline void steps(const uint8_t *pg, __m512i (&w)[8]) {  // w + 128, as R8IQ4_NL's
+        Pair<R8B32<TQ4_0>>::steps(pg, w);
+        const __m512i grid = _mm512_broadcast_i32x4(iq4_grid128(true));
+        for (int s = 0; s < 8; s++) w[s] = _mm512_shuffle_epi8(grid, w[s]);
+    }
+    static inline void dot(const __m512i (&w)[8], const int8_t *xq, int32_t sum, float dx,
+                           __m512 d, __m512 m, __m512 &A) {
+        Pair<R8Q8_0>::dot(w, xq, sum, dx, d, m, A);
+    }
+};
 template <class T>
 constexpr bool PAIRS = false;
+template <>
+constexpr bool PAIRS<R8IQ4_NL> = true;
 template <>
 constexpr bool PAIRS<R8Q4_K> = true;
 template <>
@@ -2418,6 +2688,8 @@ static bool with_type(int qtype, F &&f) {
         case Q5_0: f(TQ5_0{}); return true;
         case Q5_1: f(TQ5_1{}); return true;
         case Q8_0: f(TQ8_0{}); return true;
+        case IQ4_NL: f(TIQ4_NL{}); return true;
+        case IQ4_XS: f(TIQ4_XS{}); return true;
         case Q2_K: f(TQ2_K{}); return true;
         case Q3_K: f(TQ3_K{}); return true;
         case Q4_K: f(TQ4_K{}); return true;
@@ -2428,6 +2700,8 @@ static bool with_type(int qtype, F &&f) {
         case Q4_1_R8: f(R8Q4_1{}); return true;
         case Q5_1_R8: f(R8Q5_1{}); return true;
         case Q8_0_R8: f(R8Q8_0{}); return true;
+        case IQ4_NL_R8: f(R8IQ4_NL{}); return true;
+        case IQ4_XS_R8: f(R8IQ4_XS{}); return true;
         case Q4_K_R8: f(R8Q4_K{}); return true;
         case Q2_K_R8: f(R8Q2_K{}); return true;
         case Q3_K_R8: f(R8Q3_K{}); return true;
@@ -2606,7 +2880,9 @@ static int repack_tiles(int qtype, uint8_t *w, long N, long K, int nt) {
     if (qtype == Q4_1) return repack<R8Q4_1>(w, N, K, nt), Q4_1_R8;
     if (qtype == Q5_1) return repack<R8Q5_1>(w, N, K, nt), Q5_1_R8;
     if (qtype == Q8_0) return repack<R8Q8_0>(w, N, K, nt), Q8_0_R8;
+    if (qtype == IQ4_NL) return repack<R8IQ4_NL>(w, N, K, nt), IQ4_NL_R8;
     if (K % G) return -1;
+    if (qtype == IQ4_XS) return repack<R8IQ4_XS>(w, N, K, nt), IQ4_XS_R8;
     if (qtype == Q4_K) return repack<R8Q4_K>(w, N, K, nt), Q4_K_R8;
     if (qtype == Q2_K) return repack<R8Q2_K>(w, N, K, nt), Q2_K_R8;
     if (qtype == Q3_K) return repack<R8Q3_K>(w, N, K, nt), Q3_K_R8;
