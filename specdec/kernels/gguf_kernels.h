@@ -2130,12 +2130,38 @@ static inline __attribute__((always_inline)) void b_sweeps(const uint8_t *tg, __
 }
 #endif
 
+// block b (32 k) of a tile's 8 rows, its steps at blk and scales d (m: Q4_1/Q5_1's), for x
+// rows m0..m0+mc-1, into A
+template <class T, int MC>
+static inline __attribute__((always_inline)) void tile_block(const XRows &x, const uint8_t *blk,
+                                                             long b, __m256 d, __m256 mv,
+                                                             long m0, long mc, __m256 *A) {
+#if !defined(__AVX512VNNI__)
+    if (MC > 1 && MC <= 8 && mc == MC) {
+        const int8_t *q[MC];
+        int32_t sum[MC];
+        float dx[MC];
+        for (long m = 0; m < MC; m++) {
+            const long r = m0 + m, xb = r * (x.KP / 32) + b;
+            q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
+        }
+        b_sweeps<T, MC>(blk, d, mv, q, sum, dx, A);
+        return;
+    }
+#endif
+    __m256i w[8];
+    T::steps(blk, w);
+    for (long m = 0; m < mc; m++) {
+        const long r = m0 + m, xb = r * (x.KP / 32) + b;
+        T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, mv, A[m]);
+    }
+}
+
 // the same for tiles of 32-blocks (Q4_0-Q5_1): block b of the 8 rows is tile-group b; each
 // block's product is scaled (d * dx) and added on its own, as the file layout's
 template <class T, int MC>
 static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, const uint8_t *tile,
                                                               long n0, long m0, long mc) {
-    const XRows &x = *j.x;
     const long nb = j.K / T::QK;
     __m256 A[MC];
     for (long m = 0; m < mc; m++) A[m] = _mm256_setzero_ps();
@@ -2144,25 +2170,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
         const char *ahead = (const char *)(tg + 12 * T::TG);  // ~2 KB on, as the K-quants'
         for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
         const __m256 d = T::d(tg), mv = T::MINS ? T::m(tg) : d;
-#if !defined(__AVX512VNNI__)
-        if (MC > 1 && MC <= 8 && mc == MC) {
-            const int8_t *q[MC];
-            int32_t sum[MC];
-            float dx[MC];
-            for (long m = 0; m < MC; m++) {
-                const long r = m0 + m, xb = r * (x.KP / 32) + b;
-                q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
-            }
-            b_sweeps<T, MC>(tg, d, mv, q, sum, dx, A);
-            continue;
-        }
-#endif
-        __m256i w[8];
-        T::steps(tg, w);
-        for (long m = 0; m < mc; m++) {
-            const long r = m0 + m, xb = r * (x.KP / 32) + b;
-            T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], d, mv, A[m]);
-        }
+        tile_block<T, MC>(*j.x, tg, b, d, mv, m0, mc, A);
     }
     for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
 }
@@ -2172,7 +2180,6 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
 template <class T, int MC>
 static inline __attribute__((always_inline)) void tile_rows_xs(const Job &j, const uint8_t *tile,
                                                                long n0, long m0, long mc) {
-    const XRows &x = *j.x;
     __m256 A[MC];
     for (long m = 0; m < mc; m++) A[m] = _mm256_setzero_ps();
     for (long g = 0; g < j.groups; g++) {
@@ -2181,30 +2188,10 @@ static inline __attribute__((always_inline)) void tile_rows_xs(const Job &j, con
         T::scales(tg, dl);
         for (int jb = 0; jb < 8; jb++) {
             // an eighth of a tile-group at a time, 12 eighths on (as tile_rows_b's distance):
-            // the whole group at once, 2 groups on, ran the 1-token pass 35% slower
+            // the whole group at once, 2 groups on, ran the 1-token pass 40% slower
             const char *ahead = (const char *)(tg + (12 + jb) * (T::TG / 8));
             for (int l = 0; l < T::TG / 8; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
-            const uint8_t *nib = tg + 64 + 128 * jb;
-            const long b = 8 * g + jb;
-#if !defined(__AVX512VNNI__)
-            if (MC > 1 && MC <= 8 && mc == MC) {
-                const int8_t *q[MC];
-                int32_t sum[MC];
-                float dx[MC];
-                for (long m = 0; m < MC; m++) {
-                    const long r = m0 + m, xb = r * (x.KP / 32) + b;
-                    q[m] = x.q + r * x.KP + 32 * b, sum[m] = x.s32[xb], dx[m] = x.dx[xb];
-                }
-                b_sweeps<T, MC>(nib, dl[jb], dl[jb], q, sum, dx, A);
-                continue;
-            }
-#endif
-            __m256i w[8];
-            T::steps(nib, w);
-            for (long m = 0; m < mc; m++) {
-                const long r = m0 + m, xb = r * (x.KP / 32) + b;
-                T::dot(w, x.q + r * x.KP + 32 * b, x.s32[xb], x.dx[xb], dl[jb], dl[jb], A[m]);
-            }
+            tile_block<T, MC>(*j.x, tg + 64 + 128 * jb, 8 * g + jb, dl[jb], dl[jb], m0, mc, A);
         }
     }
     for (long m = 0; m < mc; m++) store_tile(j, A[m], m0 + m, n0);
