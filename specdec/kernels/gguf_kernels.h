@@ -1772,6 +1772,31 @@ typedef R8B32<TQ4_0> R8Q4_0;
 typedef R8B32<TQ5_1> R8Q5_1;
 typedef R8B32<TQ4_1> R8Q4_1;
 
+#if !defined(__AVX512VNNI__)
+// the AVX2 dot of signed weights for x rows 0..mc-1 at once (R8B32::dot_rows' reasons), one
+// block: step(s) gives step s's signed bytes (8 rows x 4 k), whose |w| serves every row; per
+// row x carries w's sign (R8Q8_0::dot's integers and float operations, the same bits)
+template <int MC, class Step>
+static inline __attribute__((always_inline)) void signed_dot_rows(Step step, __m256 d,
+                                                                  const int8_t *const *q,
+                                                                  const float *dx, long mc,
+                                                                  __m256 *A) {
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i S[MC];
+    for (int s = 0; s < 8; s++) {
+        const __m256i v = step(s), a = _mm256_abs_epi8(v);
+        for (long m = 0; m < mc; m++) {
+            const __m256i x = _mm256_sign_epi8(bcast4(q[m] + 4 * s), v);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), one);
+            S[m] = s == 0 ? p : _mm256_add_epi32(S[m], p);
+        }
+    }
+    for (long m = 0; m < mc; m++)
+        A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_mul_ps(d, _mm256_set1_ps(dx[m])),
+                               A[m]);
+}
+#endif
+
 // Q8_0 tile-group, 8 rows x one block of 32 k (8 * 34 bytes): d[8] (fp16), then 8 steps of
 // signed quants (step s: byte 4r + i = k 4s + i of row r). maddubs and dpbusd want one
 // unsigned operand. AVX2 multiplies |w| by x carrying w's sign (<= 2 * 127 * 127 an int16
@@ -1815,27 +1840,14 @@ struct R8Q8_0 {
         A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx)), A);
     }
 #if !defined(__AVX512VNNI__)
-    // dot for x rows 0..mc-1 at once (R8B32::dot_rows' reasons): each step's |w| once for all
-    // rows; dot's integers and float operations, the same bits
+    // dot for x rows 0..mc-1 at once (R8B32::dot_rows' reasons)
     template <int MC>
     static inline __attribute__((always_inline)) void dot_rows(const uint8_t *tg, __m256 d,
                                                                __m256, const int8_t *const *q,
                                                                const int32_t *,
                                                                const float *dx, long mc,
                                                                __m256 *A) {
-        const __m256i one = _mm256_set1_epi16(1);
-        __m256i S[MC];
-        for (int s = 0; s < 8; s++) {
-            const __m256i v = ld(tg + 16 + 32 * s), a = _mm256_abs_epi8(v);
-            for (long m = 0; m < mc; m++) {
-                const __m256i p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(bcast4(q[m] + 4 * s), v));
-                S[m] = s == 0 ? _mm256_madd_epi16(p, one)
-                              : _mm256_add_epi32(S[m], _mm256_madd_epi16(p, one));
-            }
-        }
-        for (long m = 0; m < mc; m++)
-            A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]),
-                                   _mm256_mul_ps(d, _mm256_set1_ps(dx[m])), A[m]);
+        signed_dot_rows<MC>([&](int s) { return ld(tg + 16 + 32 * s); }, d, q, dx, mc, A);
     }
 #endif
     static void block(const uint8_t *tg, int r, uint8_t *b) {
@@ -1869,30 +1881,17 @@ static inline void grid_steps(const uint8_t *nib, __m256i (&w)[8]) {  // AVX2: w
     }
 }
 #if !defined(__AVX512VNNI__)
-// R8Q8_0::dot for x rows 0..mc-1 at once (R8B32::dot_rows' reasons), from one block's nibbles
-template <int MC>
+template <int MC>  // signed_dot_rows from one block's nibbles
 static inline __attribute__((always_inline)) void grid_dot_rows(const uint8_t *nib, __m256 d,
                                                                 const int8_t *const *q,
                                                                 const float *dx, long mc,
                                                                 __m256 *A) {
-    const __m256i low4 = bytes(15), grid = iq4_grid(false), one = _mm256_set1_epi16(1);
-    __m256i S[MC];
-    for (int t = 0; t < 4; t++) {
-        const __m256i v4 = ld(nib + 32 * t);
-        for (int i = 0; i < 2; i++) {  // step t + 4i
-            const __m256i v =
-                _mm256_shuffle_epi8(grid, _mm256_and_si256(i ? srl16(v4, 4) : v4, low4));
-            const __m256i a = _mm256_abs_epi8(v);
-            for (long m = 0; m < mc; m++) {
-                const __m256i x = _mm256_sign_epi8(bcast4(q[m] + 16 * i + 4 * t), v);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), one);
-                S[m] = t == 0 && i == 0 ? p : _mm256_add_epi32(S[m], p);
-            }
-        }
-    }
-    for (long m = 0; m < mc; m++)
-        A[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[m]), _mm256_mul_ps(d, _mm256_set1_ps(dx[m])),
-                               A[m]);
+    const __m256i low4 = bytes(15), grid = iq4_grid(false);
+    auto step = [&](int s) {  // vector s % 4, its low nibbles for s < 4, else its high ones
+        const __m256i v4 = ld(nib + 32 * (s % 4));
+        return _mm256_shuffle_epi8(grid, _mm256_and_si256(s < 4 ? v4 : srl16(v4, 4), low4));
+    };
+    signed_dot_rows<MC>(step, d, q, dx, mc, A);
 }
 #endif
 struct R8IQ4_NL : R8B32<TQ4_0> {  // Q4_0's tiles (block, pack: the same bytes)
