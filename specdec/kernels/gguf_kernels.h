@@ -18,9 +18,10 @@
 // 8 rows wide.
 //
 // Two modes. int8 x (default): each x row is rounded to int8 per block of 32 (for 32-blocks
-// and IQ4_XS) or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer arithmetic
-// (maddubs/madd, or VNNI dpbusd), converted to float once per group (K-quants: the sub-block
-// scales are integers applied before the conversion, mins through x's block sums). Exact x:
+// and IQ4_XS) or 256 (K-quants) with an fp32 step, and a group's dot product is exact integer
+// arithmetic (maddubs/madd, or VNNI dpbusd), converted to float once per group (K-quants: the
+// sub-block scales are integers applied before the conversion, mins through x's block sums).
+// Exact x:
 // the group is decoded to the fp32 values gguf's dequantize gives, bit for bit, and multiplied
 // by fp32 x with FMAs.
 //
@@ -276,14 +277,15 @@ static inline __m128i iq4_grid128(bool bias) {
     return bias ? _mm_xor_si128(v, _mm_set1_epi8(-128)) : v;
 }
 static inline __m256i iq4_grid(bool bias) { return _mm256_broadcastsi128_si256(iq4_grid128(bias)); }
+static inline void grid_block(const uint8_t *qs, BBuf &u, int i) {  // 16 bytes of nibbles
+    const __m256i s = _mm256_shuffle_epi8(iq4_grid(false), nibbles(qs));
+    st(u.s + 32 * i, s);
+    st(u.q + 32 * i, _mm256_abs_epi8(s));
+}
 struct TIQ4_NL {  // Q4_0's block (d, then 16 bytes of nibbles): w = d * grid[q]
     static constexpr int QK = 32, BYTES = 18, OFF = 0;
     static constexpr bool MINS = false, SIGNED = true;
-    static void block(const uint8_t *b, BBuf &u, int i) {
-        const __m256i s = _mm256_shuffle_epi8(iq4_grid(false), nibbles(b + 2));
-        st(u.s + 32 * i, s);
-        st(u.q + 32 * i, _mm256_abs_epi8(s));
-    }
+    static void block(const uint8_t *b, BBuf &u, int i) { grid_block(b + 2, u, i); }
 };
 // IQ4_XS: d, scales_h (uint16), scales_l[4], qs[128]: 8 blocks of 32 in a group of 256, block
 // i's 6-bit scale ls (low nibble i % 2 of scales_l[i / 2], top bits 2i of scales_h), w = d *
@@ -292,16 +294,13 @@ struct TIQ4_NL {  // Q4_0's block (d, then 16 bytes of nibbles): w = d * grid[q]
 struct TIQ4_XS {
     static constexpr int QK = 256, BYTES = 136, OFF = 0;
     static constexpr bool MINS = false, SIGNED = true;
+    static int ls(const uint8_t *b, int i) {  // block i's 6-bit scale
+        return (b[4 + i / 2] >> 4 * (i % 2) & 15) | (b[2 + i / 4] >> 2 * (i % 4) & 3) << 4;
+    }
     static void group(const uint8_t *b, BBuf &u) {
-        for (int i = 0; i < 8; i++) {
-            const __m256i s = _mm256_shuffle_epi8(iq4_grid(false), nibbles(b + 8 + 16 * i));
-            st(u.s + 32 * i, s);
-            st(u.q + 32 * i, _mm256_abs_epi8(s));
-        }
-        uint16_t h;
-        memcpy(&h, b + 2, 2);
-        auto ls = [&](int i) { return ((b[4 + i / 2] >> 4 * (i % 2)) & 15) | ((h >> 2 * i) & 3) << 4; };
-        const __m256i l = _mm256_setr_epi32(ls(0), ls(1), ls(2), ls(3), ls(4), ls(5), ls(6), ls(7));
+        for (int i = 0; i < 8; i++) grid_block(b + 8 + 16 * i, u, i);
+        const __m256i l = _mm256_setr_epi32(ls(b, 0), ls(b, 1), ls(b, 2), ls(b, 3), ls(b, 4),
+                                            ls(b, 5), ls(b, 6), ls(b, 7));
         const __m256 sc = _mm256_cvtepi32_ps(_mm256_sub_epi32(l, _mm256_set1_epi32(32)));
         _mm256_store_ps(u.d, _mm256_mul_ps(_mm256_set1_ps(f16(b)), sc));
     }
@@ -1960,42 +1959,36 @@ struct R8IQ4_XS {
     static int ls_at(const uint8_t *tg, int i) {
         return (tg[16 + i % 32] >> 4 * (i / 32) & 15) | (tg[48 + i % 16] >> 2 * (i / 16) & 3) << 4;
     }
-    static uint8_t &nib_at(uint8_t *tg, int r, int j, int k, int &shift) {  // row r, k of block j
-        const int s = k / 4;
-        shift = s < 4 ? 0 : 4;
-        return tg[64 + 128 * j + 32 * (s % 4) + 4 * r + k % 4];
+    // where k of block j of row r sits: its byte in the tile-group, and that byte's nibble
+    static int nib_byte(int r, int j, int k) {
+        return 64 + 128 * j + 32 * (k / 4 % 4) + 4 * r + k % 4;
     }
+    static int nib_shift(int k) { return k < 16 ? 0 : 4; }  // steps 0-3 low, 4-7 high
     static void block(const uint8_t *tg, int r, uint8_t *b) {  // row r's block of the file
         memset(b, 0, BYTES);
         memcpy(b, tg + 2 * r, 2);
-        uint16_t h = 0;
         for (int j = 0; j < 8; j++) {
             const int ls = ls_at(tg, 8 * j + r);
             b[4 + j / 2] |= (uint8_t)((ls & 15) << 4 * (j % 2));
-            h |= (uint16_t)((ls >> 4) << 2 * j);
+            b[2 + j / 4] |= (uint8_t)((ls >> 4) << 2 * (j % 4));
             for (int k = 0; k < 32; k++) {
-                int shift;
-                const int q = nib_at(const_cast<uint8_t *>(tg), r, j, k, shift) >> shift & 15;
-                b[8 + 16 * j + k % 16] |= (uint8_t)(q << (k < 16 ? 0 : 4));
+                const int q = tg[nib_byte(r, j, k)] >> nib_shift(k) & 15;
+                b[8 + 16 * j + k % 16] |= (uint8_t)(q << nib_shift(k));
             }
         }
-        memcpy(b + 2, &h, 2);
     }
     static void pack(const uint8_t *const *blocks, uint8_t *tg) {
         memset(tg + 16, 0, TG - 16);
         for (int r = 0; r < 8; r++) {
             const uint8_t *b = blocks[r];
             memcpy(tg + 2 * r, b, 2);
-            uint16_t h;
-            memcpy(&h, b + 2, 2);
             for (int j = 0; j < 8; j++) {
-                const int ls = (b[4 + j / 2] >> 4 * (j % 2) & 15) | (h >> 2 * j & 3) << 4, i = 8 * j + r;
+                const int ls = TIQ4_XS::ls(b, j), i = 8 * j + r;
                 tg[16 + i % 32] |= (uint8_t)((ls & 15) << 4 * (i / 32));
                 tg[48 + i % 16] |= (uint8_t)((ls >> 4) << 2 * (i / 16));
                 for (int k = 0; k < 32; k++) {
-                    const uint8_t v = b[8 + 16 * j + k % 16];
-                    int shift;
-                    nib_at(tg, r, j, k, shift) |= (uint8_t)(((k < 16 ? v : v >> 4) & 15) << shift);
+                    const int q = b[8 + 16 * j + k % 16] >> nib_shift(k) & 15;
+                    tg[nib_byte(r, j, k)] |= (uint8_t)(q << nib_shift(k));
                 }
             }
         }
@@ -2199,7 +2192,7 @@ static inline __attribute__((always_inline)) void tile_rows_xs(const Job &j, con
 template <class T, int MC>  // T's tiles: 32-blocks or K-quant groups
 static inline __attribute__((always_inline)) void tile_any(const Job &j, const uint8_t *tile,
                                                            long n0, long m0, long mc) {
-    if constexpr (X32<T> && T::QK == 256)
+    if constexpr (X32<T>)  // IQ4_XS
         tile_rows_xs<T, MC>(j, tile, n0, m0, mc);
     else if constexpr (T::QK == 32)
         tile_rows_b<T, MC>(j, tile, n0, m0, mc);
