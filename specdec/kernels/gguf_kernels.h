@@ -2024,6 +2024,24 @@ constexpr bool TILED<R8Q5_K> = true;
 template <>
 constexpr bool TILED<R8Q6_K> = true;
 
+// How far ahead of the loads the tile loops prefetch their stream. One x row (a decode step)
+// is bound by memory: on the Zen 2 (AVX2 build, 2 MB pages, 2 threads) a 1-row product from
+// memory streamed 27-28 GB/s at two K-quant tile-groups (2.3-3.4 KB) or twelve 32-block ones
+// (1.7 KB) ahead, 30-33 GB/s at 1152 bytes (0.96-1.34 KB alike; 1.5 KB as before): Q4_0
+// +17%, Q5_0 +22%, Q4_K and Q6_K +6-10%; the default pair's 1-token passes -6%. Sparser
+// prefetches (one line in two or four) ran 30-45% slower. More x rows are bound by their
+// multiplies and keep the longer distances (2 rows at 1.2 KB: -1 to -4%). The AVX-512 builds
+// keep theirs, measured on their own machines.
+#if defined(__AVX512F__)
+constexpr long AHEAD_ONE_ROW = 0;  // 0: as many rows
+#else
+constexpr long AHEAD_ONE_ROW = 1152;
+#endif
+template <int MC>
+static inline long ahead_bytes(long many) {
+    return MC == 1 && AHEAD_ONE_ROW ? AHEAD_ONE_ROW : many;
+}
+
 // one vector store a row: through a stack copy and 8-16 scalar stores a row, a 5-token pass
 // filled the store buffer whenever the output's lines sat in the other core's cache (the MLP's
 // gate|up output, read by the activation between passes): those products ~5% slower
@@ -2060,9 +2078,10 @@ static inline __attribute__((always_inline)) void tile_rows(const Job &j, const 
     R8Group u;
     for (long g = 0; g < j.groups; g++) {
         const uint8_t *tg = tile + g * T::TG;
-        // the stream two groups on, a block's share at a time: a burst of the group's 18-27
-        // prefetches at once stalls the loads (one token's Q6_K head: 10.8 -> 7.7 ms)
-        const char *ahead = (const char *)(tg + 2 * T::TG);
+        // the stream two groups on (one x row: ahead_bytes), a block's share at a time: a
+        // burst of the group's 18-27 prefetches at once stalls the loads (one token's Q6_K
+        // head: 10.8 -> 7.7 ms)
+        const char *ahead = (const char *)(tg + ahead_bytes<MC>(2 * T::TG));
         constexpr long PF = (T::TG + 8 * 64 - 1) / (8 * 64) * 64;  // bytes per block
         T::head(tg, u);
         __m256 Ts[MC];  // per x row: the blocks' scaled sums (the mins' come after)
@@ -2159,7 +2178,7 @@ static inline __attribute__((always_inline)) void tile_rows_b(const Job &j, cons
     for (long m = 0; m < mc; m++) A[m] = _mm256_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *tg = tile + b * T::TG;
-        const char *ahead = (const char *)(tg + 12 * T::TG);  // ~2 KB on, as the K-quants'
+        const char *ahead = (const char *)(tg + ahead_bytes<MC>(12 * T::TG));  // ~2 KB on
         for (int l = 0; l < T::TG; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
         const __m256 d = T::d(tg), mv = T::MINS ? T::m(tg) : d;
         tile_block<T, MC>(*j.x, tg, b, d, mv, m0, mc, A);
@@ -2179,8 +2198,9 @@ static inline __attribute__((always_inline)) void tile_rows_xs(const Job &j, con
         __m256 dl[8];
         T::scales(tg, dl);
         for (int jb = 0; jb < 8; jb++) {
-            // an eighth of a tile-group at a time, 12 eighths on (as tile_rows_b's distance):
-            // the whole group at once, 2 groups on, ran the 1-token pass 40% slower
+            // an eighth of a tile-group at a time, 12 eighths on (as tile_rows_b's distance;
+            // for one x row too: at ahead_bytes' 1.2 KB, -4%): the whole group at once, 2
+            // groups on, ran the 1-token pass 40% slower
             const char *ahead = (const char *)(tg + (12 + jb) * (T::TG / 8));
             for (int l = 0; l < T::TG / 8; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
             tile_block<T, MC>(*j.x, tg + 64 + 128 * jb, 8 * g + jb, dl[jb], dl[jb], m0, mc, A);
