@@ -990,19 +990,26 @@ struct R8Q4_K {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a2, 4), m4),
                             _mm256_and_si256(_mm256_srli_epi32(a1, 2), top)),  // 4-7
         };
-        for (int h = 0; h < 4; h++) {
-            __m128i js[4];
-            row_bytes(v[h], js);
-            for (int q = 0; q < 4; q++) {  // block 4 * (h & 1) + q: 8 bytes, row r in byte r
-                const int j = 4 * (h & 1) + q;
-                if (h < 2) {
+        // row r's bytes sit in v's 32-bit lane r, where row r's values go: block 4h + q's is
+        // byte q of each lane, moved in place by one in-lane shuffle (as a 32-bit lane, or as
+        // the lane's two int16 for the madd), a third of the shuffles of a transpose
+        for (int q = 0; q < 4; q++) {
+            const __m256i as32 = _mm256_add_epi8(  // byte q of each lane, zero-extended
+                _mm256_set1_epi32(q), _mm256_setr_epi32(0x80808000, 0x80808004, 0x80808008,
+                                                        0x8080800c, 0x80808000, 0x80808004,
+                                                        0x80808008, 0x8080800c));
+            for (int h = 0; h < 2; h++) {
+                const int j = 4 * h + q;
 #if defined(__AVX512VNNI__)
-                    u.scf[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
+                u.scf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v[h], as32));
 #else
-                    u.sc[j] = pairs_u8(js[q]);
+                const __m256i as16 = _mm256_add_epi8(  // byte q of each lane, twice as int16
+                    _mm256_set1_epi32(q | q << 16),
+                    _mm256_setr_epi32(0x80008000, 0x80048004, 0x80088008, 0x800c800c,
+                                      0x80008000, 0x80048004, 0x80088008, 0x800c800c));
+                u.sc[j] = _mm256_shuffle_epi8(v[h], as16);
 #endif
-                } else
-                    u.mn[j] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(js[q]));
+                u.mn[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v[2 + h], as32));
             }
         }
     }
