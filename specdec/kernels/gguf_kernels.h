@@ -937,15 +937,35 @@ static inline __m256i pairs_u8(__m128i v8) {  // 8 bytes (low half) -> 16 int16,
 static inline __m256i pairs_i8(__m128i v8) {
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v8, v8));
 }
-// 4 bytes a row (lane r of v) -> out[q]: byte q of the 8 rows, row r in byte r (low 8 bytes)
-static inline void row_bytes(__m256i v, __m128i *out) {
-    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i t = _mm256_shuffle_epi8(v, tr);  // per half: [q0: rows][q1: rows][q2][q3]
-    const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
-    const __m128i j01 = _mm_unpacklo_epi32(lo, hi), j23 = _mm_unpackhi_epi32(lo, hi);
-    out[0] = j01, out[1] = _mm_srli_si128(j01, 8), out[2] = j23, out[3] = _mm_srli_si128(j23, 8);
+// Shuffle controls that keep each row in its 32-bit lane (row r's bytes 4r..4r+3 of a head
+// vector, as the tiles store them): result byte k of lane r takes byte 4r + pick[k] (-1:
+// zero). One in-lane shuffle then puts a block's scale byte where the row's lanes want it,
+// where a transpose to [byte][row] and widenings took three times the shuffles.
+struct alignas(32) LaneCtl {
+    int8_t b[32];
+};
+static constexpr LaneCtl lane_ctl(int p0, int p1, int p2, int p3) {
+    LaneCtl c{};
+    const int p[4] = {p0, p1, p2, p3};
+    for (int i = 0; i < 32; i++) c.b[i] = (int8_t)(p[i % 4] < 0 ? -128 : i % 16 / 4 * 4 + p[i % 4]);
+    return c;
 }
+static inline __m256i pick(__m256i v, const LaneCtl &c) {
+    return _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)c.b));
+}
+// byte q of each lane: as an unsigned int32 (U32), twice as unsigned int16 (U16), in the top
+// byte of an int32 (TOP32) or of both int16 (TOP16: a shift then sign-extends it), and bytes
+// q, q + 1 in the top bytes of the two int16 (TOP16_2, q even)
+static constexpr LaneCtl U32[4] = {lane_ctl(0, -1, -1, -1), lane_ctl(1, -1, -1, -1),
+                                   lane_ctl(2, -1, -1, -1), lane_ctl(3, -1, -1, -1)};
+static constexpr LaneCtl U16[4] = {lane_ctl(0, -1, 0, -1), lane_ctl(1, -1, 1, -1),
+                                   lane_ctl(2, -1, 2, -1), lane_ctl(3, -1, 3, -1)};
+static constexpr LaneCtl TOP32[4] = {lane_ctl(-1, -1, -1, 0), lane_ctl(-1, -1, -1, 1),
+                                     lane_ctl(-1, -1, -1, 2), lane_ctl(-1, -1, -1, 3)};
+static constexpr LaneCtl TOP16[4] = {lane_ctl(-1, 0, -1, 0), lane_ctl(-1, 1, -1, 1),
+                                     lane_ctl(-1, 2, -1, 2), lane_ctl(-1, 3, -1, 3)};
+static constexpr LaneCtl TOP16_2[2] = {lane_ctl(-1, 0, -1, 1), lane_ctl(-1, 2, -1, 3)};
+
 // int16 lanes 2r, 2r + 1 of u.sc2[j] (row r's values for 16-k sub-blocks 2j, 2j + 1: Q6_K's
 // and Q3_K's scales, Q2_K's mins) against x's sums over those sub-blocks: an int32 a row
 static inline __m256i sc2_x16(const R8Group &u, const int16_t *s16, int j) {
@@ -990,28 +1010,17 @@ struct R8Q4_K {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a2, 4), m4),
                             _mm256_and_si256(_mm256_srli_epi32(a1, 2), top)),  // 4-7
         };
-        // row r's bytes sit in v's 32-bit lane r, where row r's values go: block 4h + q's is
-        // byte q of each lane, moved in place by one in-lane shuffle (as a 32-bit lane, or as
-        // the lane's two int16 for the madd), a third of the shuffles of a transpose
-        for (int q = 0; q < 4; q++) {
-            const __m256i as32 = _mm256_add_epi8(  // byte q of each lane, zero-extended
-                _mm256_set1_epi32(q), _mm256_setr_epi32(0x80808000, 0x80808004, 0x80808008,
-                                                        0x8080800c, 0x80808000, 0x80808004,
-                                                        0x80808008, 0x8080800c));
-            for (int h = 0; h < 2; h++) {
+        // block 4h + q's scale and min: byte q of v[h]'s and v[2 + h]'s lanes (lane_ctl)
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 4; q++) {
                 const int j = 4 * h + q;
 #if defined(__AVX512VNNI__)
-                u.scf[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v[h], as32));
+                u.scf[j] = _mm256_cvtepi32_ps(pick(v[h], U32[q]));
 #else
-                const __m256i as16 = _mm256_add_epi8(  // byte q of each lane, twice as int16
-                    _mm256_set1_epi32(q | q << 16),
-                    _mm256_setr_epi32(0x80008000, 0x80048004, 0x80088008, 0x800c800c,
-                                      0x80008000, 0x80048004, 0x80088008, 0x800c800c));
-                u.sc[j] = _mm256_shuffle_epi8(v[h], as16);
+                u.sc[j] = pick(v[h], U16[q]);
 #endif
-                u.mn[j] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v[2 + h], as32));
+                u.mn[j] = _mm256_cvtepi32_ps(pick(v[2 + h], U32[q]));
             }
-        }
     }
     // the mins' sum of group g for x row m: mn_j * (e_j * x's sum over block j), j by j
     static inline __attribute__((always_inline)) __m256 mins(const R8Group &u, const XRows &x,
@@ -1314,17 +1323,19 @@ struct R8Q3_K {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), m4), top(4)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), m4), top(6)),
         };
-        __m128i js[16];  // sub-block i's scale (6 bits - 32) of row r in byte r
-        for (int h = 0; h < 4; h++) row_bytes(_mm256_sub_epi8(v[h], bytes(32)), js + 4 * h);
-        for (int i = 0; i < 16; i++) {
+        // sub-block 4h + q's scale (6 bits - 32): byte q of v[h]'s lanes (lane_ctl), signed
+        for (int h = 0; h < 4; h++) {
+            const __m256i sv = _mm256_sub_epi8(v[h], bytes(32));
+            for (int q = 0; q < 4; q++) {
 #if defined(__AVX512VNNI__)
-            u.sc32[i] = _mm256_cvtepi8_epi32(js[i]);
+                u.sc32[4 * h + q] = _mm256_srai_epi32(pick(sv, TOP32[q]), 24);
 #else
-            u.sc[i] = pairs_i8(js[i]);
+                u.sc[4 * h + q] = _mm256_srai_epi16(pick(sv, TOP16[q]), 8);
 #endif
+            }
+            for (int t = 0; t < 2; t++)  // sub-blocks 4h + 2t, 4h + 2t + 1
+                u.sc2[2 * h + t] = _mm256_srai_epi16(pick(sv, TOP16_2[t]), 8);
         }
-        for (int j = 0; j < 8; j++)
-            u.sc2[j] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(js[2 * j], js[2 * j + 1]));
     }
     static constexpr int lo(int j) { return 112 + 96 * j; }  // block j's low-bit vectors
     static constexpr int hi(int j) { return lo(j) + 64; }    // its third bits
