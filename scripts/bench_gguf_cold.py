@@ -18,7 +18,6 @@ from specdec import ops
 from specdec.kernels import gguf as gk
 
 Q = gguf.GGMLQuantizationType
-STEPS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of each block's fp16 steps
 
 
 def matrices(qtype, rows, k, count):
@@ -27,7 +26,7 @@ def matrices(qtype, rows, k, count):
     out = []
     for _ in range(count):
         raw = torch.randint(0, 256, (rows, k // block, size), dtype=torch.uint8)
-        for at in STEPS[qtype]:
+        for at in gk.SCALE_BYTES[qtype]:  # each block's fp16 steps
             raw[:, :, at : at + 2] = torch.from_numpy(step.copy())
         out.append(gk.pack(qtype, raw, rows, k))
     return out

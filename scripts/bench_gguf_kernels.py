@@ -37,17 +37,13 @@ SHAPES = [
     (Q.IQ4_NL, 17920, 1536, "gate|up as IQ4_NL"),
     (Q.IQ4_XS, 17920, 1536, "gate|up as IQ4_XS"),
 ]
-# byte offsets of fp16 scales in a block: made small and finite
-SCALE_AT = {Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0]}
-SCALE_AT |= {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
-SCALE_AT |= {Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 
 
 def random_weight(qtype, n: int, k: int) -> gk.PackedWeight:
     rng = np.random.default_rng(0)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
-    for at in SCALE_AT[qtype]:
+    for at in gk.SCALE_BYTES[qtype]:  # small and finite
         scale = (rng.random((n, k // block, 1)) * 1e-3).astype(np.float16)
         raw[..., at : at + 2] = scale.view(np.uint8)
     return gk.pack(int(qtype), torch.from_numpy(raw.reshape(n, -1)), n, k)

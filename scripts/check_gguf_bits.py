@@ -11,18 +11,18 @@ from specdec import ops
 from specdec.kernels import gguf as gk
 
 Q = gguf.GGMLQuantizationType
-# byte offsets of each block's fp16 steps; every other byte stays random
-STEPS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q5_K: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
-STEPS.update({Q.Q4_0: (0,), Q.Q8_0: (0,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)})
+# the types checked (in this order: it fixes the random blocks); each block's fp16 steps
+# (gk.SCALE_BYTES) finite, every other byte random
+TYPES = (Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS)
 
 
 def outputs():
     g = torch.Generator().manual_seed(1)
     rows, k, out = 203, 1280, {}
-    for qtype, steps in STEPS.items():
+    for qtype in TYPES:
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = torch.randint(0, 256, (rows, k // block, size), dtype=torch.uint8, generator=g)
-        for at in steps:  # finite steps in [0.001, 0.1)
+        for at in gk.SCALE_BYTES[qtype]:  # finite steps in [0.001, 0.1)
             d = (torch.rand(rows, k // block, generator=g) * 0.099 + 0.001).half()
             raw[:, :, at : at + 2] = d.view(torch.uint8).reshape(rows, k // block, 2)
         pw = gk.pack(qtype, raw.reshape(rows, -1), rows, k)

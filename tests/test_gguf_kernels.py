@@ -15,9 +15,8 @@ from specdec.kernels import gguf as gk
 Q = gguf.GGMLQuantizationType
 TYPES = ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K"]
 TYPES += ["IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"]
-# byte offsets of the fp16 scales in a block of the types gguf cannot quantize
-K_SCALES = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-K_SCALES |= {"IQ4_NL": [0], "IQ4_XS": [0]}
+# the types gguf cannot quantize: random blocks, their fp16 scales (gk.SCALE_BYTES) made small
+RANDOM_BLOCKS = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
 
 
 def in_features(name: str) -> int:
@@ -32,10 +31,10 @@ def make_raw(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     """uint8 [n, row bytes]: gguf's quantization of random weights, or for the types it cannot
     quantize, random quants with small fp16 scales."""
     rng = np.random.default_rng(seed)
-    if name in K_SCALES:
+    if name in RANDOM_BLOCKS:
         block, size = gguf.GGML_QUANT_SIZES[Q[name]]
         raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
-        for at in K_SCALES[name]:
+        for at in gk.SCALE_BYTES[Q[name]]:
             scale = (rng.random((n, k // block, 1)) * 2e-3 + 1e-4).astype(np.float16)
             raw[..., at : at + 2] = scale.view(np.uint8)
         return raw.reshape(n, -1)

@@ -25,9 +25,6 @@ T = GGMLQuantizationType
 HIDDEN, INTER, HEADS, KV_HEADS, VOCAB, LAYERS = 256, 512, 4, 2, 64, 2
 ROLES = ("token_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")
 ROLES += ("ffn_down", "output")
-# where the fp16 scales sit in a block of the types gguf cannot quantize (random blocks)
-SCALE_OFFSETS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-SCALE_OFFSETS |= {T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
 
 
 def writable_types() -> list[T]:
@@ -39,7 +36,7 @@ def writable_types() -> list[T]:
             quantize(np.zeros((1, 256), np.float32), qtype)
             out.append(qtype)
         except NotImplementedError:
-            if qtype in SCALE_OFFSETS:
+            if qtype in gguf_kernels.SCALE_BYTES:  # random blocks
                 out.append(qtype)
     return out
 
@@ -62,7 +59,7 @@ def encode(w: np.ndarray, qtype: T, rng: np.random.Generator) -> np.ndarray:
         if scale is None:
             spread = dequantize(raw.reshape(w.shape[0], -1), qtype).std()
             scale = float(w.std() / max(spread, 1e-6))
-        for off in SCALE_OFFSETS[qtype]:
+        for off in gguf_kernels.SCALE_BYTES[qtype]:
             raw[:, :, off : off + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     return raw.reshape(w.shape[0], -1)
 

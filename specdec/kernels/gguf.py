@@ -46,6 +46,26 @@ TILED |= {int(t): code for t, code in ((Q.IQ4_NL, 120), (Q.IQ4_XS, 123))}
 FILE_TYPE = {tiled: file for file, tiled in TILED.items()}
 K_QUANTS = frozenset(int(t) for t in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 K_QUANTS |= {t for t, f in FILE_TYPE.items() if f in K_QUANTS}
+# where a block's fp16 scales sit (byte offsets, with Q4_1/Q5_1's m and the K-quants' dmin): the
+# tests and tools that write random blocks (gguf quantizes neither the K-quants nor the IQ4s)
+# keep these finite and small
+SCALE_BYTES: dict[int, tuple[int, ...]] = {
+    int(t): at
+    for t, at in (
+        (Q.Q4_0, (0,)),
+        (Q.Q4_1, (0, 2)),
+        (Q.Q5_0, (0,)),
+        (Q.Q5_1, (0, 2)),
+        (Q.Q8_0, (0,)),
+        (Q.Q2_K, (80, 82)),
+        (Q.Q3_K, (108,)),
+        (Q.Q4_K, (0, 2)),
+        (Q.Q5_K, (0, 2)),
+        (Q.Q6_K, (208,)),
+        (Q.IQ4_NL, (0,)),
+        (Q.IQ4_XS, (0,)),
+    )
+}
 
 
 def supported(qtype: int) -> bool:

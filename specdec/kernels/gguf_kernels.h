@@ -1884,17 +1884,23 @@ struct R8Q8_0 {
 // signed values, which multiply as Q8_0's: AVX2 |w| against x carrying w's sign (the table
 // lookup and the sign are the cost of a nonlinear grid: Q4_0 multiplies its nibbles as they
 // are), VNNI the grid + 128 less 128 times x's block sum
+// a nibble vector's low (or high) nibbles through the grid; step s of a block is vector s % 4's
+// low nibbles for s < 4, else its high ones
+static inline __m256i grid_nibbles(__m256i v4, bool high, __m256i grid) {
+    return _mm256_shuffle_epi8(grid, _mm256_and_si256(high ? srl16(v4, 4) : v4, bytes(15)));
+}
+static inline __m256i grid_step(const uint8_t *nib, int s, __m256i grid) {
+    return grid_nibbles(ld(nib + 32 * (s % 4)), s >= 4, grid);
+}
 static inline void grid_steps(const uint8_t *nib, __m256i (&w)[8]) {  // AVX2: w; VNNI: w + 128
 #if defined(__AVX512VNNI__)
     const __m256i grid = iq4_grid(true);
 #else
     const __m256i grid = iq4_grid(false);
 #endif
-    const __m256i low4 = bytes(15);
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 4; t++) {  // each vector read once for both its steps
         const __m256i v4 = ld(nib + 32 * t);
-        w[t] = _mm256_shuffle_epi8(grid, _mm256_and_si256(v4, low4));
-        w[t + 4] = _mm256_shuffle_epi8(grid, _mm256_and_si256(srl16(v4, 4), low4));
+        w[t] = grid_nibbles(v4, false, grid), w[t + 4] = grid_nibbles(v4, true, grid);
     }
 }
 #if !defined(__AVX512VNNI__)
@@ -1903,12 +1909,8 @@ static inline __attribute__((always_inline)) void grid_dot_rows(const uint8_t *n
                                                                 const int8_t *const *q,
                                                                 const float *dx, long mc,
                                                                 __m256 *A) {
-    const __m256i low4 = bytes(15), grid = iq4_grid(false);
-    auto step = [&](int s) {  // vector s % 4, its low nibbles for s < 4, else its high ones
-        const __m256i v4 = ld(nib + 32 * (s % 4));
-        return _mm256_shuffle_epi8(grid, _mm256_and_si256(s < 4 ? v4 : srl16(v4, 4), low4));
-    };
-    signed_dot_rows<MC>(step, d, q, dx, mc, A);
+    const __m256i grid = iq4_grid(false);
+    signed_dot_rows<MC>([&](int s) { return grid_step(nib, s, grid); }, d, q, dx, mc, A);
 }
 #endif
 struct R8IQ4_NL : R8B32<TQ4_0> {  // Q4_0's tiles (block, pack: the same bytes)
