@@ -195,10 +195,11 @@ def test_each_build_exports_only_its_c_api():
 @pytest.mark.parametrize("head_dim", [64, 128, 24])
 def test_attention_bits_do_not_depend_on_the_pass(kernels_on, head_dim):
     """Our attention groups a pass's query tokens (16 at a time) and the heads that share a KV
-    head, and walks the cache in blocks of 64 slots, four slots' dot products side by side.
-    A query's output must still be the same bits whether it is decoded alone, inside a
-    20-token pass (two groups of tokens), next to another sequence, or under an explicit mask
-    equal to the causal one (the masked path scores one slot at a time); and close to torch."""
+    head, and walks the cache in blocks of 64 slots (32 for one query token with heads of 128),
+    eight slots' dot products side by side. A query's output must still be the same bits
+    whether it is decoded alone, inside a 20-token pass (two groups of tokens), next to another
+    sequence, or under an explicit mask equal to the causal one (the masked path scores one
+    slot at a time); and close to torch."""
     torch.manual_seed(3)
     n_heads, n_kv, ctx, new, slots = 6, 2, 150, 20, 192
     scale = head_dim**-0.5
