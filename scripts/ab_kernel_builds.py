@@ -3,10 +3,10 @@
 This machine drifts by tens of percent within minutes, so a kernel change is judged by the old
 and the new library alternating call by call, never by two runs minutes apart. Their order
 alternates too, round by round (ABBA): with the old build always first, two copies of the same
-build differed by 3.3% on the target's 1-token pass after 2000 tokens (the second slower), and
-by 0.5% in ABBA order. Build the old
-one from the previous source (``git show HEAD~1:specdec/kernels/gguf_kernels.h`` beside a copy of
-``cpu.cpp``, compiled with the flags of ``specdec.kernels.BUILDS``), then:
+build differed by 3.3% on the target's 1-token pass after 2000 tokens (the second slower), by
+0.5-1.1% in ABBA order. Build the old one from the previous source (``git show
+HEAD~1:specdec/kernels/gguf_kernels.h`` beside a copy of ``cpu.cpp``, compiled with the flags
+of ``specdec.kernels.BUILDS``), then:
 
     python scripts/ab_kernel_builds.py OLD.so [--rounds 9] [--models] [--context 2000]
         [--new NEW.so] [--other-bits]
