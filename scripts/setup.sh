@@ -27,6 +27,17 @@ pip_install torch==2.13.0
 pip_install -e ".[test,eval]"
 if [ "${1:-}" = "--peers" ]; then
     echo "building llama-cpp-python from source (5-20 min)..."
-    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" .venv/bin/python -m pip install -e ".[test,eval,peers]"
+    ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
+    # llama.cpp's AMX backend crashes on our Q4_K_M files on a Sapphire Rapids (SIGSEGV in
+    # ggml_backend_amx_mul_mat, llama.cpp issue 20824): built without it, llama.cpp keeps its
+    # AVX-512 VNNI kernels and repacked weights, the path it takes on any other AVX-512 CPU
+    if [ -z "${CMAKE_ARGS:-}" ] && grep -q -w amx_int8 /proc/cpuinfo 2>/dev/null; then
+        NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        ARGS="$ARGS -DCMAKE_C_FLAGS='$NOAMX' -DCMAKE_CXX_FLAGS='$NOAMX'"
+        echo "this CPU has AMX: llama.cpp is built without its AMX backend (llama.cpp issue 20824)"
+    fi
+    # --no-cache-dir: llama.cpp builds for the CPU it is built on (-march=native), so a wheel
+    # that pip cached on another machine (or with other CMAKE_ARGS) must not be reused
+    CMAKE_ARGS="$ARGS" .venv/bin/python -m pip install --no-cache-dir -e ".[test,eval,peers]"
 fi
 .venv/bin/python -c "import specdec, torch; print('specdec ready: torch', torch.__version__)"

@@ -56,6 +56,10 @@ def cpu_identity() -> dict:
             out["core"] = "Zen 4" if "avx512f" in cpu_flags() else "Zen 3"
         elif out["family"] in _AMD_CORES:
             out["core"] = _AMD_CORES[out["family"]]
+    elif out["vendor"] == "GenuineIntel" and "amx_int8" in cpu_flags():
+        # a VM may report another model number (167 on this project's Xeon); AMX is what says
+        # the core is a Sapphire Rapids or newer (AVX-512 at full width, VNNI, BF16)
+        out["core"] = "Sapphire Rapids or newer (AMX)"
     return out
 
 

@@ -149,17 +149,56 @@ def test_llamacpp_row_feeds_prompt_ids_and_stops_after_max_tokens(monkeypatch, t
     engine.close()
 
 
+def test_child_crash_names_the_signal_or_the_error():
+    """The probe that keeps a crashing llama.cpp from taking the bench's process down with it:
+    a real child process, killed by a signal, failing, or fine."""
+    from specdec.bench.runner import child_crash
+
+    segv = "import os, signal, sys; print('dying', file=sys.stderr); os.kill(os.getpid(), 11)"
+    assert child_crash(segv) == "killed by SIGSEGV (signal 11): dying"
+    assert child_crash("raise ValueError('bad file')") == "exit status 1: ValueError: bad file"
+    assert child_crash("import sys; assert sys.argv[1:] == ['a', '2']", "a", "2") is None
+    assert child_crash("import time; time.sleep(30)", timeout_s=1) == "no answer within 1 s"
+
+
+def test_a_crashing_llamacpp_is_left_out_or_refused(monkeypatch):
+    """Picked by default, the llama.cpp rows are left out with the reason recorded; named in
+    --methods, they are an error before anything is measured."""
+    from argparse import Namespace
+
+    from specdec.bench import runner
+
+    why = "llama.cpp crashed decoding m.gguf in a probe run (killed by SIGSEGV (signal 11))"
+    monkeypatch.setattr(runner, "llamacpp_crash", lambda model, threads: why)
+    rows = [m for m in METHODS if m.label in ("ar", "sd", "llamacpp", "llamacpp-sd")]
+    kept, skipped = runner.drop_crashing_peers(rows, Namespace(model="m", threads=2, methods=None))
+    assert [m.label for m in kept] == ["ar", "sd"]
+    assert skipped == {"llamacpp": why, "llamacpp-sd": why}
+    named = Namespace(model="m", threads=2, methods="ar,llamacpp")
+    with pytest.raises(ValueError, match="'llamacpp' cannot run here: llama.cpp crashed"):
+        runner.drop_crashing_peers(rows[:1] + rows[2:3], named)
+    fine = Namespace(model="m", threads=2, methods=None)
+    monkeypatch.setattr(runner, "llamacpp_crash", lambda model, threads: None)
+    assert runner.drop_crashing_peers(rows, fine) == (rows, {})
+
+
 @pytest.mark.parametrize(
-    "family, flags, core",
-    [("26", "avx2 avx512f", "Zen 5"), ("25", "avx2 avx512f", "Zen 4"), ("25", "avx2", "Zen 3")],
+    "vendor, family, flags, core",
+    [
+        ("AuthenticAMD", "26", "avx2 avx512f", "Zen 5"),
+        ("AuthenticAMD", "25", "avx2 avx512f", "Zen 4"),
+        ("AuthenticAMD", "25", "avx2", "Zen 3"),
+        ("GenuineIntel", "6", "avx2 avx512f amx_tile amx_int8", "Sapphire Rapids or newer (AMX)"),
+    ],
 )
-def test_machine_record_names_the_core(monkeypatch, family, flags, core):
+def test_machine_record_names_the_core(monkeypatch, vendor, family, flags, core):
     """A cloud CPU's model name may be a bare "AMD EPYC": the record names the core from the
-    family (and AVX-512 for family 25), which is what decides our kernels' speed."""
+    family (and AVX-512 for family 25), which is what decides our kernels' speed; an Intel
+    with AMX, whose model number a VM may change, from its flags."""
     from specdec import platform
 
     text = (
-        f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: 2\n"
+        f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\n"
         f"model name\t: AMD EPYC\nflags\t\t: fpu {flags}\n\nprocessor\t: 1\n"
     )
     monkeypatch.setattr(platform.Path, "read_text", lambda self: text)
@@ -167,7 +206,7 @@ def test_machine_record_names_the_core(monkeypatch, family, flags, core):
     ident = platform.cpu_identity.__wrapped__()
     assert ident == {
         "name": "AMD EPYC",
-        "vendor": "AuthenticAMD",
+        "vendor": vendor,
         "family": int(family),
         "model": 2,
         "core": core,

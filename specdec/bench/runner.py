@@ -235,6 +235,65 @@ def unavailable_reason(spec: MethodSpec, model: str) -> str | None:
     return None
 
 
+# A llama.cpp build can crash the process on some CPUs (its AMX backend on a Sapphire Rapids:
+# SIGSEGV in ggml_backend_amx_mul_mat on Q4_K_M, llama.cpp issue 20824). llama.cpp rows run in
+# the bench's own process, so the rows are first tried in a child: a crash there costs a few
+# seconds and a clear message instead of every row measured before it.
+LLAMACPP_PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), verbose=False)
+for i, _ in enumerate(llm.generate([1, 2, 3, 4], temp=0.0, top_k=1, repeat_penalty=1.0)):
+    if i == 1:
+        break
+"""
+
+
+def child_crash(code: str, *argv: str, timeout_s: float = 300.0) -> str | None:
+    """Runs ``code`` in a fresh Python with ``argv``; None if it exits 0, else what went wrong
+    (the signal that killed it, its exit status or the timeout, with its stderr's last line)."""
+    import signal
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout_s:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    last = f": {lines[-1].strip()}" if lines else ""
+    if done.returncode < 0:
+        sig = signal.Signals(-done.returncode)
+        return f"killed by {sig.name} (signal {sig.value}){last}"
+    return f"exit status {done.returncode}{last}"
+
+
+_LLAMACPP_CRASHES: dict[tuple[str, int], str | None] = {}
+
+
+def llamacpp_crash(model: str, threads: int) -> str | None:
+    """None if llama.cpp decodes ``model``'s GGUF file here in a child process, else why not."""
+    from specdec.registry import gguf_path
+
+    key = (str(gguf_path(model)), threads)
+    if key not in _LLAMACPP_CRASHES:
+        why = child_crash(LLAMACPP_PROBE, key[0], str(threads))
+        if why is not None:
+            why = (
+                f"llama.cpp crashed decoding {Path(key[0]).name} in a probe run ({why}); on a "
+                "CPU with AMX its AMX backend does this (llama.cpp issue 20824): "
+                "./scripts/setup.sh --peers builds it without AMX"
+            )
+        _LLAMACPP_CRASHES[key] = why
+    return _LLAMACPP_CRASHES[key]
+
+
 def select_methods(text: str | None, model: str) -> list[MethodSpec]:
     """The rows to run, our ``ar`` first (it is the reference for "same as AR")."""
     by_label = {m.label: m for m in METHODS}
@@ -705,7 +764,10 @@ def format_table(report: dict) -> str:
             else f"{'yes' if same else 'no'} ({total['same_as_ar_prompts']}/{total['prompts']})",
         ]
         rows.append(cells)
-    return aligned_table(rows)
+    table = aligned_table(rows)
+    for label, why in report.get("skipped", {}).items():
+        table += f"\n{label}: not measured: {why}"
+    return table
 
 
 def write_report(report: dict, out_dir: Path) -> tuple[Path, Path, Path]:
@@ -786,6 +848,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_fidelity(args)
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     methods = select_methods(args.methods, args.model)
+    methods, skipped = drop_crashing_peers(methods, args)
     prompts = load_prompts(types, args.prompts_per_type)
     prompt_ids = encode_prompts(prompts, resolve_model(args.model))
     max_len = max(len(ids) for ids in prompt_ids) + args.max_tokens + 8
@@ -809,6 +872,7 @@ def run_bench(args: argparse.Namespace) -> int:
             for p, ids in zip(prompts, prompt_ids)
         ],
         "methods": {},
+        "skipped": skipped,
         "passes": pass_rows(args),
     }
     # Repeats are the outer loop and every repeat runs the methods in the opposite order to
@@ -841,6 +905,20 @@ def run_bench(args: argparse.Namespace) -> int:
     print(format_table(report))
     print(f"\nwrote {stamped}, {latest} and {png}")
     return 0
+
+
+def drop_crashing_peers(methods: list[MethodSpec], args) -> tuple[list[MethodSpec], dict]:
+    """The rows without the llama.cpp ones when llama.cpp crashes here (``llamacpp_crash``),
+    and {label: why} of those dropped; a row named in ``--methods`` is an error instead."""
+    peers = [m for m in methods if m.kind == "llamacpp"]
+    why = llamacpp_crash(args.model, args.threads) if peers else None
+    if why is None:
+        return methods, {}
+    named = {item.strip() for item in (args.methods or "").split(",")}
+    if named & {m.label for m in peers}:
+        raise ValueError(f"method {peers[0].label!r} cannot run here: {why}")
+    print(f"warning: leaving out {', '.join(m.label for m in peers)}: {why}", file=sys.stderr)
+    return [m for m in methods if m.kind != "llamacpp"], {m.label: why for m in peers}
 
 
 def pass_rows(args: argparse.Namespace) -> list[dict]:
