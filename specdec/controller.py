@@ -20,7 +20,9 @@ first catches up on every token since it last drafted (measured on an AVX2 day, 
 does not pay: probing every 16 rounds made SD 0.78x AR). Such a probe drafts in two rounds,
 the second one's drafting time a sample, and an estimate unsampled for ``STALE_ROUNDS`` takes
 a probe's sample whole: after another process slowed the cores for a while, SD drafts again
-at the next probe (it had stayed at K = 0 for good).
+at the next probe (it had stayed at K = 0 for good). A request's first round is no drafting
+sample either: SSD's worker prefills the prompt in it (0.3-0.8 s), which had kept a fresh
+process at K = 1-2 through its first requests where K = 4 was best.
 """
 
 from __future__ import annotations
@@ -140,7 +142,18 @@ class SpeculationController:
         return seq.stats.per_token_acceptance(self.prior_alpha, self.prior_weight)
 
     # -- costs -------------------------------------------------------------------------------
-    def observe_round(self, batch: int, k: int, draft_s: float, verify_s: float, other_s: float):
+    def observe_round(
+        self,
+        batch: int,
+        k: int,
+        draft_s: float,
+        verify_s: float,
+        other_s: float,
+        first: bool = False,
+    ):
+        """A round's costs. ``first``: a sequence had its first round in it, whose drafting
+        includes what the drafter pays once per request (SSD's worker prefills the prompt
+        there: 0.3-0.8 s, where a round's wait is ~2 ms on a hit), so it is no sample of K."""
         self.rounds += 1
         now = self.rounds
         tokens = batch * (k + 1)
@@ -149,7 +162,7 @@ class SpeculationController:
         # drafted: a cost of leaving K = 0, not of its K (taken as one, a single such round
         # made K = 1 look dear enough that an SD run stayed at K = 0 for good)
         after_ar, self._last_k = self._last_k == 0, k
-        if k > 0 and not after_ar:
+        if k > 0 and not after_ar and not first:
             self.t_draft.add(draft_s / k, now)
             if self.rounds > len(self.explore):  # past the exploration's changes of K
                 # weight 0.1: SSD's wait is ~1 ms on a hit, 50-90 ms on a miss; an average

@@ -170,3 +170,29 @@ def test_controller_drafts_again_after_a_transient_slowdown():
     assert ks[240:300].count(0) >= 50  # not while the cores are shared
     back = next((r for r in range(300, 1200) if ks[r : r + 50].count(1) >= 45), None)
     assert back is not None and back < 300 + 100, f"drafting again from round {back}"
+
+
+def test_a_requests_first_round_is_no_drafting_sample():
+    """SSD's worker prefills a new request's prompt while the target waits in the request's
+    first round (0.3-0.8 s measured on a Xeon, where a round's wait is ~2 ms on a hit). Taken
+    as a sample of that round's K, it made every K look dear: the first code prompt after a
+    short warm-up request ran 13 rounds at K = 1, then mostly 2, where K = 4 was best. Flagged
+    as a first round, it is no sample, and the controller stays at the best K."""
+    waits = {1: 0.002, 2: 0.003, 3: 0.004, 4: 0.005}  # hits: the tree was ready
+
+    def run(flag_first: bool) -> list[int]:
+        ctl = SpeculationController(k_max=4, k_min=1, explore=(4, 1, 2))
+        ks = []
+        for rounds in (6, 40, 40):  # a warm-up request, then two measured ones
+            seq = simulated_seq(0.85, 4, 400)
+            for r in range(rounds):
+                k = ctl.choose_k([seq])
+                draft = waits[k] + (0.5 if r == 0 else 0.0)
+                ctl.observe_round(1, k, draft, 0.08 + 0.015 * k, 0.002, flag_first and r == 0)
+                ks.append(k)
+        return ks[6:]
+
+    ks = run(flag_first=True)
+    assert ks.count(4) >= 72  # the best K in every round but the probes' (one in 16)
+    stale = run(flag_first=False)
+    assert stale.count(4) < 10  # the prefill taken as drafting: K = 1 or 2 for good (0 of 80)

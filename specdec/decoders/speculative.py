@@ -96,6 +96,7 @@ class SpeculativeDecoder(Decoder):
 
     # -- the round ---------------------------------------------------------------------------
     def round(self, seqs: list[Sequence]) -> None:
+        first = any(s.stats.rounds == 0 for s in seqs)  # (the controller's sample, below)
         timer = RoundTimer(seqs)
         k_round = self.controller.choose_k(seqs)
         ks = [max(0, min(k_round, s.remaining - 1)) for s in seqs]
@@ -152,7 +153,7 @@ class SpeculativeDecoder(Decoder):
         draft_s += wait_s
         total = timer.done()
         self.controller.observe_round(
-            bsz, int(k.max()) if bsz else 0, draft_s, verify_s, total - draft_s - verify_s
+            bsz, int(k.max()) if bsz else 0, draft_s, verify_s, total - draft_s - verify_s, first
         )
 
     @staticmethod
