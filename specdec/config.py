@@ -123,6 +123,9 @@ class ModelConfig:
 
 # -- the engine's options -----------------------------------------------------------------------
 METHODS = ("ar", "sd", "ngram", "ssd")
+# the draft that sd and ssd take for a registry target when none is given (registry aliases;
+# here, not in specdec.registry, which imports this module through the GGUF loader)
+DRAFT_PARTNERS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # auto: a GGUF file natively (its own quantization, int8 activations in the products), an HF
 # folder in bf16 where our kernels or the hardware handle it; exact: a GGUF file natively with
@@ -265,7 +268,9 @@ class EngineConfig:
     """Everything ``LLM`` needs to know: which models, which method, and on which hardware."""
 
     model: str = option("qwen2.5-coder-1.5b", "alias, HF folder or .gguf file")
-    draft_model: str | None = option(None, "draft model (sd, ssd)")
+    draft_model: str | None = option(
+        None, "draft model (sd, ssd; default for a registry target: its registry partner)"
+    )
     method: str = option("ar", "decoding method", METHODS)
     num_speculative_tokens: int | None = option(
         None,
@@ -309,7 +314,13 @@ class EngineConfig:
         if self.method == "ngram" and self.draft_model is not None:
             raise ValueError("method 'ngram' drafts by prompt lookup and takes no draft_model")
         if self.method in ("sd", "ssd") and self.draft_model is None:
-            raise ValueError(f"method {self.method!r} needs a draft_model")
+            self.draft_model = DRAFT_PARTNERS.get(str(self.model))
+            if self.draft_model is None:
+                pairs = ", ".join(f"{t} -> {d}" for t, d in DRAFT_PARTNERS.items())
+                raise ValueError(
+                    f"method {self.method!r} needs a draft_model (only a registry target has "
+                    f"one by default: {pairs})"
+                )
         if self.method != "ssd" and self.ssd.draft_cpu_cores is not None:
             raise ValueError("draft_cpu_cores applies to method='ssd' only")
         self.draft.validate()

@@ -323,3 +323,21 @@ def test_bad_speculation_options(tiny_dirs, kwargs, msg):
         kwargs = {**kwargs, "draft_model": tiny_dirs["draft"]}
     with pytest.raises(ValueError, match=msg):
         LLM(tiny_dirs["llama"], dtype="float32", **kwargs)
+
+
+@pytest.mark.parametrize("method", ["sd", "ssd"])
+def test_a_registry_target_takes_its_draft_partner_by_default(method):
+    """`specdec generate --method sd` with the default target and no --draft-model drafts with
+    the registry's pair instead of failing; an explicit draft is kept, and a target outside
+    the registry still has to name one (the message lists the pairs)."""
+    from specdec.config import DRAFT_PARTNERS, EngineConfig
+    from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
+
+    assert all(t in REGISTRY and d in REGISTRY for t, d in DRAFT_PARTNERS.items())
+
+    assert EngineConfig(model=DEFAULT_TARGET, method=method).draft_model == DEFAULT_DRAFT
+    assert EngineConfig(model=DEFAULT_TARGET, method=method, draft_model="d").draft_model == "d"
+    assert EngineConfig(model=DEFAULT_TARGET, method="ar").draft_model is None
+    pair = f"needs a draft_model .*{DEFAULT_TARGET} -> {DEFAULT_DRAFT}"
+    with pytest.raises(ValueError, match=pair):
+        EngineConfig(model="some/folder", method=method)
