@@ -123,9 +123,12 @@ class ModelConfig:
 
 # -- the engine's options -----------------------------------------------------------------------
 METHODS = ("ar", "sd", "ngram", "ssd")
-# the draft that sd and ssd take for a registry target when none is given (registry aliases;
-# here, not in specdec.registry, which imports this module through the GGUF loader)
-DRAFT_PARTNERS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+# the default pair (registry aliases; specdec.registry re-exports them) and the draft that sd
+# and ssd take for a registry target when none is given (here, not in specdec.registry, which
+# imports this module through the GGUF loader)
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+DRAFT_PARTNERS = {DEFAULT_TARGET: DEFAULT_DRAFT}
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # auto: a GGUF file natively (its own quantization, int8 activations in the products), an HF
 # folder in bf16 where our kernels or the hardware handle it; exact: a GGUF file natively with
@@ -267,7 +270,7 @@ class SSDConfig:
 class EngineConfig:
     """Everything ``LLM`` needs to know: which models, which method, and on which hardware."""
 
-    model: str = option("qwen2.5-coder-1.5b", "alias, HF folder or .gguf file")
+    model: str = option(DEFAULT_TARGET, "alias, HF folder or .gguf file")
     draft_model: str | None = option(
         None, "draft model (sd, ssd; default for a registry target: its registry partner)"
     )

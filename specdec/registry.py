@@ -35,10 +35,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (the default pair)
 from specdec.paths import specdec_home
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
 SMALL_MODEL = "smollm2-135m"
 
 _CHUNK = 8 << 20

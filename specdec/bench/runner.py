@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import importlib.util
 import json
@@ -274,24 +275,23 @@ def child_crash(code: str, *argv: str, timeout_s: float = 300.0) -> str | None:
     return f"exit status {done.returncode}{last}"
 
 
-_LLAMACPP_CRASHES: dict[tuple[str, int], str | None] = {}
-
-
 def llamacpp_crash(model: str, threads: int) -> str | None:
     """None if llama.cpp decodes ``model``'s GGUF file here in a child process, else why not."""
     from specdec.registry import gguf_path
 
-    key = (str(gguf_path(model)), threads)
-    if key not in _LLAMACPP_CRASHES:
-        why = child_crash(LLAMACPP_PROBE, key[0], str(threads))
-        if why is not None:
-            why = (
-                f"llama.cpp crashed decoding {Path(key[0]).name} in a probe run ({why}); on a "
-                "CPU with AMX its AMX backend does this (llama.cpp issue 20824): "
-                "./scripts/setup.sh --peers builds it without AMX"
-            )
-        _LLAMACPP_CRASHES[key] = why
-    return _LLAMACPP_CRASHES[key]
+    return _llamacpp_probe(str(gguf_path(model)), threads)
+
+
+@functools.cache  # one probe per file and thread count in a process
+def _llamacpp_probe(path: str, threads: int) -> str | None:
+    why = child_crash(LLAMACPP_PROBE, path, str(threads))
+    if why is None:
+        return None
+    return (
+        f"llama.cpp crashed decoding {Path(path).name} in a probe run ({why}); on a CPU with "
+        "AMX its AMX backend does this (llama.cpp issue 20824): ./scripts/setup.sh --peers "
+        "builds it without AMX"
+    )
 
 
 def select_methods(text: str | None, model: str) -> list[MethodSpec]:
