@@ -91,8 +91,8 @@ def test_changing_k_between_rounds_stays_exact_and_in_sync(tiny_dirs, ar_v16, ba
 
         def choose_k(seqs):
             k = script[next(turn) % len(script)]
-            ctl.last_choice = {"k": k}
-            return k
+            ctl.next_k = k  # the worker's depth lags the script by a round: longer and
+            return k  # shorter speculations than the K asked for both happen
 
         ctl.choose_k = choose_k
         want = [o.token_ids for o in ar_v16.generate(PROMPTS, GREEDY)]

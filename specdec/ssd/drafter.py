@@ -119,12 +119,13 @@ class SSDDrafter(Drafter):
             st.stats.failures += 1
 
     def depth(self) -> int:
-        """How many tokens the worker drafts per speculation: the controller's latest K (its
-        choice changes slowly), so that neither the tree nor a just-in-time backup drafts
-        tokens the next round will not verify. The full K until it has chosen."""
+        """How many tokens the worker drafts per speculation for the next round: the K the
+        controller has chosen for it (it decides one round ahead: ``lookahead``), so that
+        neither the tree nor a just-in-time backup drafts tokens the next round will not
+        verify, and a probe's longer K is drafted. The full K until it has chosen."""
         if self.controller.fixed_k is not None:
             return self.k
-        chosen = self.controller.last_choice.get("k")
+        chosen = self.controller.next_k
         return self.k if chosen is None else min(self.k, max(1, chosen))
 
     def _plan(self, seq: Sequence, k_eff: int) -> list[int]:
@@ -179,8 +180,8 @@ class SSDDrafter(Drafter):
         need = [i for i, sp in enumerate(specs) if sp is None and ks[i] > 0]
         if need:
             t = time.perf_counter()
-            if self._use_neural(len(seqs)):
-                got = self._draft_now([seqs[i] for i in need])
+            if self._use_neural(len(seqs)):  # drafted for this round: its K
+                got = self._draft_now([seqs[i] for i in need], max(ks[i] for i in need))
                 for i, sp in zip(need, got):
                     specs[i] = sp
             for i in need:
@@ -207,14 +208,14 @@ class SSDDrafter(Drafter):
         looks = sum(st.stats.lookups for st in self.states.values())
         return (hits + 0.7 * 8) / (looks + 8)
 
-    def _draft_now(self, seqs: list[Sequence]) -> list[Speculation | None]:
+    def _draft_now(self, seqs: list[Sequence], depth: int) -> list[Speculation | None]:
         items = []
         for s in seqs:
             start = self.states[s.request_id].worker_len
             items.append(DraftSeq(s.request_id, start, s.all_ids[start:]))
         t = time.perf_counter()
         try:
-            reply: Drafts = self.handle.request(Draft(self.depth(), items))
+            reply: Drafts = self.handle.request(Draft(min(self.k, depth), items))
         except ChannelError:
             self._lost("draft")
             return [None] * len(seqs)

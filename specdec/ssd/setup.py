@@ -44,7 +44,9 @@ def build_ssd_decoder(
     # K adapts as in SD (up to k), unless fixed: the cost the controller sees for drafting is
     # the target's wait for the worker (misses), so it lengthens K where hits make drafts free
     fixed = config.num_speculative_tokens
-    controller = SpeculationController(k_max=k, fixed_k=fixed, k_min=1, explore=(k, 1, 2))
+    controller = SpeculationController(
+        k_max=k, fixed_k=fixed, k_min=1, explore=(k, 1, 2), lookahead=True
+    )
     vocab = target.config.vocab_size
     drafter = SSDDrafter(
         handle, k, ssd.budget, ssd.fanout, ssd.backup, vocab, NgramDrafter(vocab), controller
