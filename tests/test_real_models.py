@@ -13,14 +13,20 @@ CODE = "Write a Python function that checks whether a string is a palindrome."
 PROSE = "Describe a walk through a forest in autumn."
 
 
-def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
+def hf_model(folder, dtype=torch.float32):
+    """transformers' model of a pulled folder (its weights read from the GGUF file, in
+    Python: load it once per test)."""
     import transformers
 
     from specdec.gguf_model import transformers_source
 
-    where, kw = transformers_source(folder)  # a pulled model's weights are in its GGUF file
+    where, kw = transformers_source(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw).eval()
     model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     x = torch.tensor([ids])
     with torch.no_grad():  # an explicit mask: chat prompts contain the pad id (<|im_end|>)
         mask = torch.ones_like(x)
@@ -32,10 +38,11 @@ def hf_greedy(folder, ids: list[int], n: int, dtype=torch.float32) -> list[int]:
 def test_smollm2_greedy_token_identical_to_transformers(smollm2_path):
     llm = LLM(smollm2_path, dtype="float32")
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    reference = hf_model(smollm2_path)
     for text in (CODE, PROSE):
         ids = llm.chat_prompt(text)
         ours = llm.generate([ids], params)[0].token_ids
-        assert ours == hf_greedy(smollm2_path, ids, 48)
+        assert ours == hf_greedy(reference, ids, 48)
 
 
 @pytest.mark.real
@@ -87,7 +94,7 @@ def test_default_pair_ar_matches_transformers(want):
     from specdec.registry import resolve_model
 
     ids, tokens, _ = want
-    assert tokens[0][:32] == hf_greedy(resolve_model(PAIR["model"]), ids[0], 32)
+    assert tokens[0][:32] == hf_greedy(hf_model(resolve_model(PAIR["model"])), ids[0], 32)
 
 
 @pytest.mark.heavy
