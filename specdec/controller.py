@@ -174,7 +174,7 @@ class SpeculationController:
         # made K = 1 look dear enough that an SD run stayed at K = 0 for good)
         after_ar, self._last_k = self._last_k == 0, k
         # with lookahead the drafting the target waited for was the next round's, to its K
-        drafted = self.next_k if self.lookahead and self.next_k is not None else k
+        drafted = k if self.next_k is None else self.next_k
         if k > 0 and drafted > 0 and not after_ar and not first:
             self.t_draft.add(draft_s / drafted, now)
             if self.rounds > len(self.explore):  # past the exploration's changes of K
