@@ -455,6 +455,103 @@ def test_close_leaves_no_process_behind(tiny_dirs):
     assert workers_of_this_process() == []
 
 
+def test_worker_prefills_while_the_target_does(tiny_dirs):
+    """The worker gets the prompt before the target's prefill pass starts (it prefills on its
+    own core meanwhile); sent after it, the worker's prefill was the first round's wait."""
+    with ssd(tiny_dirs) as llm:
+        events = []
+        handle, target = llm.decoder.drafter.handle, llm.decoder.target
+        notify, forward = handle.notify, target.forward
+
+        def logged_notify(msg):
+            events.append(type(msg).__name__)
+            return notify(msg)
+
+        def logged_forward(*args, **kw):
+            events.append("target")
+            return forward(*args, **kw)
+
+        handle.notify, target.forward = logged_notify, logged_forward
+        llm.generate(["w3 w4 w5"], SamplingParams(temperature=0, max_tokens=3))
+    assert "Prefill" in events
+    assert events.index("Prefill") < events.index("target")
+
+
+# -- the channel -----------------------------------------------------------------------------
+def test_channel_takes_only_the_keyed_worker_and_never_hangs():
+    """A connection without the key is dropped (nothing it sends is read as a message); the
+    keyed one gets through; a receive times out, and a closed peer raises ChannelError."""
+    import socket
+    import threading
+
+    from specdec.ssd.channel import Channel, ChannelError
+
+    rendezvous = Channel.listen()
+    stranger = socket.create_connection(("127.0.0.1", rendezvous.port))
+    stranger.sendall(b"x" * 64)
+    worker: dict = {}
+
+    def connect():
+        worker["channel"] = Channel.connect("127.0.0.1", rendezvous.port, rendezvous.key, 10)
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    target = rendezvous.accept(10, 5)
+    thread.join()
+    rendezvous.close()
+    try:  # closed by the target (a reset: it left the stranger's bytes unread)
+        closed = stranger.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    assert closed
+    worker["channel"].send(Release(["a", "b"]))
+    assert target.recv() == Release(["a", "b"])
+    target.send(Stop())
+    assert worker["channel"].recv() == Stop()
+    t0 = time.monotonic()
+    with pytest.raises(ChannelError, match="timed out"):
+        target.recv(0.2)
+    assert time.monotonic() - t0 < 2
+    worker["channel"].close()
+    with pytest.raises(ChannelError, match="closed"):
+        target.recv(5)
+    target.close()
+    stranger.close()
+
+
+def test_channel_accept_times_out_without_a_worker():
+    from specdec.ssd.channel import Channel, ChannelError
+
+    rendezvous = Channel.listen()
+    t0 = time.monotonic()
+    with pytest.raises(ChannelError):
+        rendezvous.accept(0.3, 5)
+    assert time.monotonic() - t0 < 2
+    rendezvous.close()
+
+
+def test_move_slots_moves_every_layers_keys_and_values():
+    """A hit's branch becomes the row's continuation: slots (in order, overlapping the
+    destination) copied in every layer's K and V, other rows untouched, the row ending there."""
+    from types import SimpleNamespace
+
+    from specdec.kv_cache import KVCache
+
+    cfg = SimpleNamespace(num_kv_heads=2, head_dim=4, num_layers=3)
+    cache = KVCache(cfg, max_rows=2, max_len=16)
+    torch.manual_seed(0)
+    for t in cache.k + cache.v:
+        t.normal_()
+    before = [t.clone() for t in cache.k + cache.v]
+    cache.lengths[1] = 9
+    cache.move_slots(1, [5, 3, 8], 4)
+    for t, old in zip(cache.k + cache.v, before):
+        assert torch.equal(t[1, :, 4:7], old[1, :, [5, 3, 8]])
+        assert torch.equal(t[1, :, :4], old[1, :, :4])
+        assert torch.equal(t[0], old[0])
+    assert cache.length(1) == 7
+
+
 def test_bad_ssd_options(tiny_dirs):
     for kw, msg in [
         ({"saguaro_c": 0.0}, "saguaro_c"),

@@ -83,6 +83,7 @@ class Decoder:
 
     def prefill(self, seqs: list[Sequence]) -> None:
         """Run the prompts through the target and sample each sequence's first token."""
+        self.before_prefill(seqs)
         tokens, lengths = pad_right([s.prompt_ids for s in seqs])
         logits = self.target.forward(
             tokens,
@@ -95,6 +96,9 @@ class Decoder:
             s.stats.target_forwards += 1
         self.after_prefill(seqs)
         self.append_sampled(logits, seqs)
+
+    def before_prefill(self, seqs: list[Sequence]) -> None:
+        """Hook for drafters that work beside the target (SSD's worker prefills meanwhile)."""
 
     def after_prefill(self, seqs: list[Sequence]) -> None:
         """Hook for drafters that keep state per sequence."""

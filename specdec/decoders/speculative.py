@@ -88,6 +88,9 @@ class SpeculativeDecoder(Decoder):
         super().release(seq)
         self.drafter.release(seq)
 
+    def before_prefill(self, seqs: list[Sequence]) -> None:
+        self.drafter.before_prefill(seqs)
+
     def after_prefill(self, seqs: list[Sequence]) -> None:
         self.drafter.after_prefill(seqs)
 

@@ -35,6 +35,9 @@ class Drafter:
     def release(self, seq: Sequence) -> None:
         """A sequence leaves the running batch."""
 
+    def before_prefill(self, seqs: list[Sequence]) -> None:
+        """The target is about to prefill these sequences (no pending token yet)."""
+
     def after_prefill(self, seqs: list[Sequence]) -> None:
         """The target has just prefilled these sequences (each has one pending token)."""
 

@@ -8,7 +8,7 @@ guess costs no drafting time on the target's critical path.
   tree.py     positions and attention masks for drafting all branches in one cache row
   cache.py    the outcome-keyed speculation cache
   protocol.py the worker's configuration and every message between the two processes
-  channel.py  carrying messages between the processes over torch.distributed (gloo)
+  channel.py  carrying messages between the processes over one TCP connection
   state.py    the worker's state for one sequence (speculations, slots, tokens held ahead)
   worker.py   the drafter process: trunk pass, tree drafting, lookups, backup drafting
   client.py   the target's side: owns the worker process (start, watch, restart, stop)

@@ -63,21 +63,25 @@ class WorkerHandle:
                 self._starting = None
 
     def _start(self) -> None:
-        store, port = Channel.listen(self.start_timeout_s, self.config.host)
-        cfg = dataclasses.replace(self.config, port=port, parent_pid=os.getpid())
+        rendezvous = Channel.listen(self.config.host)
+        cfg = dataclasses.replace(
+            self.config, port=rendezvous.port, key=rendezvous.key, parent_pid=os.getpid()
+        )
         command = [sys.executable, "-m", "specdec.ssd.worker"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
-        proc.stdin.write(cfg.to_json().encode())
+        proc.stdin.write(cfg.to_json().encode())  # the key too: not on the command line
         proc.stdin.close()
         self.proc = proc
         t0 = time.perf_counter()
         try:
-            channel = self._connect(store, proc, t0 + self.start_timeout_s)
+            channel = self._connect(rendezvous, proc, t0 + self.start_timeout_s)
             ready = channel.recv(self.start_timeout_s)  # the worker loads its model first
         except ChannelError as exc:
             self._kill(proc)
             raise ChannelError(f"the SSD drafter did not start: {exc}") from None
+        finally:
+            rendezvous.close()
         if not isinstance(ready, Ready):
             self._kill(proc)
             why = ready.message if isinstance(ready, StartFailed) else f"it sent {ready.op!r}"
@@ -90,33 +94,24 @@ class WorkerHandle:
             self.generation += 1
         log.info("SSD drafter up (pid %d) after %.1f s", proc.pid, time.perf_counter() - t0)
 
-    def _connect(self, store, proc: subprocess.Popen, deadline: float) -> Channel:
-        """Rendezvous with the worker, giving up as soon as it exits or the deadline passes."""
-        result: dict = {}
-
-        def connect():
+    def _connect(self, rendezvous, proc: subprocess.Popen, deadline: float) -> Channel:
+        """The worker's connection, giving up as soon as it exits or the deadline passes."""
+        while True:
             try:
-                result["channel"] = Channel(store, 0, self.reply_timeout_s)
-            except ChannelError as exc:
-                result["error"] = exc
-
-        thread = threading.Thread(target=connect, daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.1)
-            if proc.poll() is not None and thread.is_alive():
-                raise ChannelError(f"the worker exited with code {proc.returncode}")
-            if time.perf_counter() > deadline:
-                raise ChannelError("timed out waiting for the worker to connect")
-        if "error" in result:
-            raise result["error"]
-        return result["channel"]
+                return rendezvous.accept(0.1, self.reply_timeout_s)
+            except ChannelError:
+                if proc.poll() is not None:
+                    raise ChannelError(f"the worker exited with code {proc.returncode}") from None
+                if time.perf_counter() > deadline:
+                    raise ChannelError("timed out waiting for the worker to connect") from None
 
     def fail(self, reason: str) -> None:
         """The worker died or stopped answering: kill it, restart it in the background."""
         with self._lock:
-            self.channel = None
+            channel, self.channel = self.channel, None
             proc, self.proc = self.proc, None
+        if channel is not None:
+            channel.close()
         self.failures.append(reason)
         log.warning("SSD drafter lost (%s): continuing on the target alone, restarting it", reason)
         if proc is not None:
@@ -141,6 +136,7 @@ class WorkerHandle:
         if channel is not None:
             with contextlib.suppress(ChannelError):
                 channel.send(Stop())
+            channel.close()
         if proc is not None:
             try:
                 proc.wait(timeout=5)

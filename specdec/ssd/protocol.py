@@ -51,6 +51,7 @@ class WorkerConfig:
     num_threads: int | None
     host: str
     port: int
+    key: str = ""  # what the worker sends first on connecting (``channel.py``)
     connect_timeout_s: float = 120.0
     parent_pid: int = 0
     # the target's tokenizer folder and EOS ids: a grammar constraint masks the worker's q too

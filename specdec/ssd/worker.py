@@ -528,7 +528,7 @@ def main(cfg: WorkerConfig) -> None:
     """Entry point of the drafter process."""
     _die_with_parent(cfg.parent_pid)
     pin_cpu_cores(cfg.cpu_cores, cfg.num_threads)
-    channel = Channel.connect(cfg.host, cfg.port, cfg.connect_timeout_s)
+    channel = Channel.connect(cfg.host, cfg.port, cfg.key, cfg.connect_timeout_s)
     try:
         worker = DraftWorker(cfg)
     except Exception as exc:  # noqa: BLE001 - tell the target why, then exit
