@@ -28,6 +28,7 @@ from specdec.ssd.protocol import Message
 
 _LENGTH = struct.Struct("<Q")
 KEY_BYTES = 32
+KEY_WAIT_S = 5.0  # for the key once connected (the worker sends it at once)
 
 
 class ChannelError(RuntimeError):
@@ -46,14 +47,14 @@ class Channel:
         indefinitely, for the worker idling between requests; it still wakes when the target
         goes away, as the connection closes)."""
         self.sock = sock
-        self.timeout = timeout_s
-        self._set_timeout(timeout_s)
+        self.timeout = self._timeout_now = timeout_s
+        sock.settimeout(timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.bytes_sent = 0
 
     def _set_timeout(self, timeout_s: float | None) -> None:
         # the worker never changes it: its receiving thread and its replies share the socket
-        if getattr(self, "_timeout_now", object()) != timeout_s:
+        if timeout_s != self._timeout_now:
             self.sock.settimeout(timeout_s)
             self._timeout_now = timeout_s
 
@@ -116,8 +117,8 @@ class Rendezvous:
         self.key = secrets.token_hex(KEY_BYTES)
 
     def accept(self, timeout_s: float, reply_timeout_s: float) -> Channel:
-        """The worker's connection, once it has sent the key (raises ChannelError after
-        timeout_s; a stranger's connection is closed and the wait goes on)."""
+        """The worker's connection, once it has sent the key (raises ChannelError when none
+        comes in timeout_s; a stranger's connection is closed and the wait goes on)."""
         deadline = time.monotonic() + timeout_s
         want = bytes.fromhex(self.key)
         while True:
@@ -130,7 +131,7 @@ class Rendezvous:
             except OSError as exc:
                 raise _socket_error("waiting for the worker", exc) from exc
             try:
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                sock.settimeout(KEY_WAIT_S)
                 got = b""
                 while len(got) < KEY_BYTES:
                     chunk = sock.recv(KEY_BYTES - len(got))
