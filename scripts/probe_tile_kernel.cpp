@@ -8,11 +8,10 @@
 //
 // On the Zen 3 of 2026-12-08: 9.3-11.4 cycles a row and block at M = 5 (the mix: 7.5-8.4).
 #include "../specdec/kernels/cpu.cpp"
-#include <chrono>
 #include <cstdio>
 #include <random>
-static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-static void adds(long n) { long a = 0; for (long i = 0; i < n; i++) __asm__ volatile("add $1,%0\n add $1,%0\n add $1,%0\n add $1,%0" : "+r"(a)); }
+
+#include "probe_timing.h"
 int main(int argc, char **argv) {
     const long N = argc > 1 ? atol(argv[1]) : 512, K = argc > 2 ? atol(argv[2]) : 1536;
     const int qt = argc > 3 ? atoi(argv[3]) : 12;  // Q4_K
@@ -29,13 +28,13 @@ int main(int argc, char **argv) {
     std::vector<float> x(16 * K), y(16 * N);
     for (auto &v : x) v = (rng() % 2001 - 1000) / 1000.0f;
     const uint8_t *wp = w.data();
-    double t0 = now(); adds(100000000); const double clk = 4e8 / (now() - t0);
+    const double clk = 4e8 / seconds(adds, 100000000);
     printf("clock %.2f GHz, type %d -> %d, N %ld K %ld\n", clk / 1e9, qt, rt, N, K);
     for (long M : {1L, 2L, 5L, 9L, 16L}) {
         double best = 1e9;
         const int reps = 2000;
         for (int r = 0; r < 5; r++) {
-            t0 = now();
+            const double t0 = now();
             for (int i = 0; i < reps; i++) gq::linear_parts(1, &rt, &wp, &N, x.data(), nullptr, y.data(), N, M, K, true, 1);
             best = std::min(best, (now() - t0) / reps);
         }

@@ -1,4 +1,4 @@
-// What the pipe probes (probe_pipes.cpp, probe_pipes_avx2.cpp) share: the clock from a chain
+// What the probes (probe_pipes*.cpp, probe_tile*.cpp) share: the clock from a chain
 // of dependent scalar adds (one a cycle on every x86 core since the Pentium 4's), and a timer.
 #pragma once
 #include <chrono>
@@ -8,6 +8,11 @@ static double seconds(void (*body)(long), long n) {
     const auto t0 = std::chrono::steady_clock::now();
     body(n);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+static double now() {  // seconds, for timing a call at a time
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 static void adds(long n) {
