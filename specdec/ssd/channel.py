@@ -41,6 +41,17 @@ def _socket_error(what: str, exc: BaseException) -> ChannelError:
     return ChannelError(f"{what} failed: {exc}")
 
 
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ChannelError("receive failed: the peer closed the connection")
+        got += k
+    return bytes(buf)
+
+
 class Channel:
     def __init__(self, sock: socket.socket, timeout_s: float | None):
         """timeout_s: how long one send or receive may take by default (None: wait
@@ -85,21 +96,11 @@ class Channel:
     def recv(self, timeout_s: float | None = None) -> Message:
         try:
             self._set_timeout(self.timeout if timeout_s is None else timeout_s)
-            (n,) = _LENGTH.unpack(self._read(_LENGTH.size))
-            payload = self._read(n)
+            (n,) = _LENGTH.unpack(_read_exactly(self.sock, _LENGTH.size))
+            payload = _read_exactly(self.sock, n)
         except OSError as exc:
             raise _socket_error("receive", exc) from exc
         return Message.from_wire(pickle.loads(payload))
-
-    def _read(self, n: int) -> bytes:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = self.sock.recv_into(view[got:])
-            if k == 0:
-                raise ChannelError("receive failed: the peer closed the connection")
-            got += k
-        return bytes(buf)
 
     def close(self) -> None:
         self.sock.close()
@@ -132,13 +133,8 @@ class Rendezvous:
                 raise _socket_error("waiting for the worker", exc) from exc
             try:
                 sock.settimeout(KEY_WAIT_S)
-                got = b""
-                while len(got) < KEY_BYTES:
-                    chunk = sock.recv(KEY_BYTES - len(got))
-                    if not chunk:
-                        break
-                    got += chunk
-            except OSError:
+                got = _read_exactly(sock, KEY_BYTES)
+            except (OSError, ChannelError):
                 got = b""
             if hmac.compare_digest(got, want):
                 return Channel(sock, reply_timeout_s)
