@@ -64,10 +64,29 @@ def ssd(tiny_dirs, **kw):
     return LLM(tiny_dirs["v16"], method="ssd", dtype="float32", **kw)
 
 
+def paced_target(llm: LLM, seconds: float = 0.01) -> None:
+    """Make each target pass last at least ``seconds``. A real target's verify pass outlasts
+    the worker's tree, which is what has a speculation ready when the outcome comes (a hit);
+    the tiny target's takes well under a millisecond, and once the channel's round trip fell
+    to 0.3 ms the outcome often came before the tree's first pass: no hit in a whole test
+    about one run in six."""
+    target = llm.decoder.target
+    forward = target.forward
+
+    def paced(*args, **kw):
+        t0 = time.perf_counter()
+        out = forward(*args, **kw)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
+        return out
+
+    target.forward = paced
+
+
 @pytest.mark.parametrize("backup", ["neural", "fast"])
 def test_greedy_ssd_token_identical_to_ar_with_hits_and_misses(tiny_dirs, ar_v16, backup):
     want = [o.token_ids for o in ar_v16.generate(PROMPTS, GREEDY)]
     with ssd(tiny_dirs, backup=backup) as llm:
+        paced_target(llm)
         single = [llm.generate([p], GREEDY)[0] for p in PROMPTS]  # batch 1
         batched = llm.generate(PROMPTS, GREEDY)  # batch 4
     for outs in (single, batched):
@@ -85,6 +104,7 @@ def test_changing_k_between_rounds_stays_exact_and_in_sync(tiny_dirs, ar_v16, ba
     desynchronizes (no failure, no fallback), and the cache still hits."""
     script = [4, 0, 1, 0, 0, 2, 4, 3, 1, 4, 0, 4]
     with ssd(tiny_dirs, num_speculative_tokens=None, backup=backup) as llm:
+        paced_target(llm)
         ctl = llm.decoder.controller
         assert ctl.fixed_k is None and ctl.k_max == 4
         turn = iter(range(1 << 30))
